@@ -1,0 +1,1 @@
+"""The HTTP API: FastAPI routes over `pipeline`. It enqueues through `pipeline.jobs`."""

@@ -1,0 +1,66 @@
+"""Builds the FastAPI app; nothing else. State lives on `app.state`, set by the lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from arq import create_pool as create_arq_pool
+from arq.connections import RedisSettings
+from fastapi import FastAPI
+
+from api import errors
+from api.limits import BodySizeLimit
+from api.routes import health, items, jobs, search
+from pipeline.db import create_pool
+from pipeline.providers.embeddings import QueryCache, get_embedder
+from pipeline.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.database_url is None or settings.redis_url is None:
+            raise RuntimeError(
+                "MEMMILL_DATABASE_URL and MEMMILL_REDIS_URL must be set (memmill up sets both)"
+            )
+        app.state.pool = await create_pool(
+            settings.database_url,
+            min_size=settings.db_pool_min_size,
+            max_size=settings.db_pool_max_size,
+            ef_search=settings.hnsw_ef_search,
+        )
+        app.state.queue = await create_arq_pool(
+            RedisSettings.from_dsn(settings.redis_url), default_queue_name=settings.queue_name
+        )
+        embedder = get_embedder(settings)
+        app.state.query_cache = QueryCache(embedder)
+        # Load the model in the background so the first search does not pay for it.
+        warm = getattr(embedder, "warm_up", None)
+        warming = asyncio.create_task(warm()) if warm else None
+        try:
+            yield
+        finally:
+            if warming is not None and not warming.done():
+                warming.cancel()
+            await app.state.queue.aclose()
+            await app.state.pool.close()
+
+    app = FastAPI(
+        title="memmill",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Memory and ingestion backend for AI agents.",
+    )
+    app.state.settings = settings
+    errors.install(app)
+    for module in (health, items, jobs, search):
+        app.include_router(module.router)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    return app

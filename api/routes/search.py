@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, BackgroundTasks
+
+from api.deps import CurrentTenant, PoolDep, QueryCacheDep, SettingsDep
+from api.schemas import SearchRequest, SearchResponse
+from pipeline import search as search_mod
+from pipeline.search import SearchParams
+
+router = APIRouter(prefix="/v1", tags=["search"])
+
+
+@router.post("/search", response_model=SearchResponse)
+async def search(
+    body: SearchRequest,
+    tenant: CurrentTenant,
+    pool: PoolDep,
+    queries: QueryCacheDep,
+    settings: SettingsDep,
+    background: BackgroundTasks,
+) -> SearchResponse:
+    """Hybrid search over parts; each result says why it ranked (both ranks, fused and final)."""
+    outcome = await search_mod.search(
+        pool,
+        queries,
+        settings,
+        tenant_id=tenant,
+        params=SearchParams(**body.model_dump()),
+    )
+    # Access tracking runs after the response is sent, in one batched statement.
+    background.add_task(search_mod.touch, pool, tenant, [r["item"]["id"] for r in outcome.results])
+    return SearchResponse(
+        query=body.query,
+        mode=outcome.mode,
+        results=outcome.results,
+        warnings=outcome.warnings,
+        timings_ms=outcome.timings_ms,
+    )

@@ -1,0 +1,1 @@
+"""The `memmill` command line and the embedded runtime that starts everything locally."""

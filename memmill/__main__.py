@@ -1,0 +1,3 @@
+from memmill.cli import main
+
+main()

@@ -1,0 +1,48 @@
+"""First-start set-up shared by `memmill up` and `memmill migrate`: schema and default key."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import asyncpg
+
+from pipeline import tenants
+from pipeline.db import migrate
+from pipeline.settings import Settings
+
+KEY_FILE = "api_key"
+
+
+def key_file(settings: Settings) -> Path:
+    return settings.data_dir / KEY_FILE
+
+
+def read_local_key(settings: Settings) -> str | None:
+    path = key_file(settings)
+    return path.read_text().strip() if path.exists() else None
+
+
+async def _bootstrap(dsn: str, settings: Settings) -> str:
+    await migrate(dsn)
+    key = settings.bootstrap_api_key or read_local_key(settings) or tenants.new_key()
+    conn = await asyncpg.connect(dsn)
+    try:
+        tenant_id = await tenants.ensure_tenant(conn, settings.default_tenant)
+        await tenants.add_key(conn, tenant_id, key, name="bootstrap")
+    finally:
+        await conn.close()
+    path = key_file(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(key + "\n")
+    os.chmod(path, 0o600)
+    return key
+
+
+def bootstrap(dsn: str, settings: Settings) -> str:
+    """Apply migrations and make sure the default tenant has a key; returns that key.
+
+    The key is kept in data_dir/api_key (mode 600) so a restart prints the same key and the
+    CLI finds it without being told."""
+    return asyncio.run(_bootstrap(dsn, settings))

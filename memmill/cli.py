@@ -1,0 +1,267 @@
+"""The `memmill` command. Server commands (up, api, worker, migrate) run memmill; client
+commands (put, get, search) talk to its HTTP API, local by default."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from memmill.bootstrap import read_local_key
+from memmill.client import ApiError, Client
+from memmill.supervisor import read_runtime, run_up
+from pipeline.settings import Settings
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="memmill: memory and ingestion backend for AI agents.",
+)
+console = Console()
+err = Console(stderr=True)
+
+DataDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        help="Data directory (MEMMILL_DATA_DIR; default: the per-user data directory).",
+    ),
+]
+UrlOpt = Annotated[
+    str | None,
+    typer.Option("--url", envvar="MEMMILL_URL", help="API URL (default: the local memmill)."),
+]
+KeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--key", envvar="MEMMILL_API_KEY", help="API key (default: the local instance's key)."
+    ),
+]
+
+
+def _settings(data_dir: Path | None = None, **overrides: Any) -> Settings:
+    if data_dir is not None:
+        overrides["data_dir"] = data_dir
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def _logging() -> None:
+    logging.basicConfig(
+        level=os.environ.get("MEMMILL_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _server_settings(data_dir: Path | None, **overrides: Any) -> Settings:
+    """Settings for a server process: explicit URLs win, else join a running `memmill up`."""
+    settings = _settings(data_dir, **overrides)
+    if settings.database_url and settings.redis_url:
+        return settings
+    runtime = read_runtime(settings) or {}
+    settings = settings.model_copy(
+        update={
+            "database_url": settings.database_url or runtime.get("database_url"),
+            "redis_url": settings.redis_url or runtime.get("redis_url"),
+        }
+    )
+    if not (settings.database_url and settings.redis_url):
+        err.print(
+            "[red]No servers:[/] set MEMMILL_DATABASE_URL and MEMMILL_REDIS_URL, "
+            "or start `memmill up` first (this command then joins it)."
+        )
+        raise typer.Exit(2)
+    return settings
+
+
+@app.command()
+def up(
+    host: Annotated[str | None, typer.Option(help="API host (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="API port (default 8700).")] = None,
+    workers: Annotated[int, typer.Option(min=1, max=64, help="Worker processes.")] = 1,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Start everything: embedded Postgres and Valkey (unless URLs are set), API, workers."""
+    _logging()
+    settings = _settings(data_dir, api_host=host, api_port=port)
+    raise typer.Exit(run_up(settings, workers=workers))
+
+
+@app.command()
+def api(
+    host: Annotated[str | None, typer.Option(help="Bind host.")] = None,
+    port: Annotated[int | None, typer.Option(help="Bind port.")] = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Run the HTTP API against MEMMILL_DATABASE_URL / MEMMILL_REDIS_URL."""
+    import uvicorn
+
+    from api.main import create_app
+
+    _logging()
+    settings = _server_settings(data_dir, api_host=host, api_port=port)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.api_host,
+        port=settings.api_port,
+        log_level="warning",
+        timeout_graceful_shutdown=10,
+    )
+
+
+@app.command()
+def worker(data_dir: DataDirOpt = None) -> None:
+    """Run one worker process (run more of them to scale out)."""
+    from workers.main import run
+
+    _logging()
+    run(_server_settings(data_dir))
+
+
+@app.command()
+def migrate(data_dir: DataDirOpt = None) -> None:
+    """Apply pending migrations (to the embedded Postgres when no URL is set)."""
+    import asyncio
+
+    from memmill.embedded import start_postgres
+    from pipeline.db import migrate as run_migrations
+
+    _logging()
+    settings = _settings(data_dir)
+    dsn = settings.database_url or start_postgres(settings.data_dir)
+    applied = asyncio.run(run_migrations(dsn))
+    console.print(f"applied {len(applied)} migration(s): {', '.join(applied) or 'none pending'}")
+
+
+def _client(url: str | None, key: str | None) -> Client:
+    settings = _settings()
+    runtime = read_runtime(settings) or {}
+    return Client(
+        url or runtime.get("api_url") or settings.api_url, key or read_local_key(settings)
+    )
+
+
+def _fail(exc: ApiError) -> typer.Exit:
+    err.print(f"[red]error:[/] {escape(exc.detail)}")
+    return typer.Exit(1)
+
+
+def _parse_tags(tags: list[str]) -> dict[str, str]:
+    out = {}
+    for tag in tags:
+        key, sep, value = tag.partition("=")
+        if not sep or not key:
+            err.print(f"[red]error:[/] tag {tag!r} must look like key=value")
+            raise typer.Exit(2)
+        out[key] = value
+    return out
+
+
+@app.command()
+def put(
+    text_or_file: Annotated[str, typer.Argument(help="Text, a file path, or - for stdin.")],
+    item_id: Annotated[
+        str | None,
+        typer.Option("--id", help="Item id (default: file path, or a hash of the text)."),
+    ] = None,
+    tag: Annotated[list[str], typer.Option("--tag", help="key=value, repeatable.")] = [],  # noqa: B006
+    title: Annotated[str | None, typer.Option(help="Title.")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until the item is ready.")] = False,
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+) -> None:
+    """Store a text or a file as an item."""
+    path = Path(text_or_file)
+    if text_or_file == "-":
+        content = sys.stdin.read()
+    elif path.is_file():
+        content = path.read_text(errors="replace")
+        item_id = item_id or str(path)
+    else:
+        content = text_or_file
+    item_id = item_id or hashlib.sha256(content.encode()).hexdigest()[:16]
+    body = {"id": item_id, "content": content, "tags": _parse_tags(tag)}
+    if title:
+        body["title"] = title
+    with _client(url, key) as client:
+        try:
+            result = client.put(body)
+            item = result["item"]
+            if wait and result["jobs"]:
+                item = _wait_ready(client, item_id)
+        except ApiError as exc:
+            raise _fail(exc) from None
+    console.print(f"{item['id']}  v{item['version']}  {item['status']}  ({result['change']})")
+    for job in result["jobs"]:
+        console.print(f"  job {job['id']}  {job['kind']}  {job['status']}")
+
+
+def _wait_ready(client: Client, item_id: str, timeout_s: float = 600) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        item = client.get(item_id)
+        if item["status"] != "pending":
+            return item
+        time.sleep(0.3)
+    err.print(f"[yellow]still pending after {timeout_s:.0f}s[/]")
+    return item
+
+
+@app.command()
+def get(item_id: str, url: UrlOpt = None, key: KeyOpt = None) -> None:
+    """Show an item: status, summary, tags, version and its jobs."""
+    with _client(url, key) as client:
+        try:
+            item = client.get(item_id)
+        except ApiError as exc:
+            raise _fail(exc) from None
+    console.print_json(json.dumps(item))
+
+
+@app.command()
+def search(
+    query: str,
+    limit: Annotated[int, typer.Option(min=1, max=100)] = 10,
+    mode: Annotated[str, typer.Option(help="hybrid, fts or semantic.")] = "hybrid",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the raw response.")] = False,
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+) -> None:
+    """Search parts by hybrid (full-text + vector) search."""
+    with _client(url, key) as client:
+        try:
+            response = client.search({"query": query, "limit": limit, "mode": mode})
+        except ApiError as exc:
+            raise _fail(exc) from None
+    if as_json:
+        console.print_json(json.dumps(response))
+        return
+    for warning in response["warnings"]:
+        err.print(f"[yellow]warning:[/] {warning}")
+    table = Table("#", "score", "fts", "vec", "item", "snippet", show_lines=False)
+    for n, r in enumerate(response["results"], 1):
+        s = r["scores"]
+        snippet = escape(r["snippet"]).replace("<<", "[bold]").replace(">>", "[/bold]")
+        snippet = snippet.replace("\n", " ")
+        table.add_row(
+            str(n),
+            f"{s['final']:.3f}",
+            str(s["fts_rank"] or "-"),
+            str(s["vector_rank"] or "-"),
+            r["item"]["id"],
+            snippet,
+        )
+    console.print(table)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,51 @@
+"""A small HTTP client of the memmill API, used by the CLI's client commands."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"HTTP {status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
+class Client:
+    def __init__(self, url: str, key: str | None, *, timeout_s: float = 30.0) -> None:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ApiError(0, f"cannot reach {self._http.base_url}: {exc}") from exc
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text
+            raise ApiError(response.status_code, str(detail))
+        return response.json()
+
+    def put(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/items", json=body)
+
+    def get(self, item_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/items/{httpx.URL(path=item_id).raw_path.decode()}")
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}")
+
+    def search(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/search", json=body)

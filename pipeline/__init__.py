@@ -1,0 +1,1 @@
+"""memmill's core: storage, jobs, stages, providers and search. Knows nothing of HTTP or arq."""

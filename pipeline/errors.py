@@ -1,0 +1,58 @@
+"""Domain errors. Each class's docstring is its default message, so subclasses are one line.
+
+The API maps these to HTTP statuses in one handler; the job wrapper maps them to retry or
+dead-letter. Nothing else needs to know about them.
+"""
+
+from __future__ import annotations
+
+
+class MemmillError(Exception):
+    """Something went wrong in memmill."""
+
+    status_code = 500
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class BadInput(MemmillError):
+    """The request is not valid."""
+
+    status_code = 422
+
+
+class NotFound(MemmillError):
+    """No such resource."""
+
+    status_code = 404
+
+
+class Conflict(MemmillError):
+    """The resource is not in a state that allows this."""
+
+    status_code = 409
+
+
+class PayloadTooLarge(MemmillError):
+    """The content is larger than the configured limit."""
+
+    status_code = 413
+
+
+class Unauthorized(MemmillError):
+    """A valid API key is required (Authorization: Bearer <key>)."""
+
+    status_code = 401
+
+
+class TransientError(MemmillError):
+    """A temporary failure; the job is retried with backoff."""
+
+
+class PermanentError(MemmillError):
+    """A failure that retrying cannot fix; the job goes to dead letters at once."""

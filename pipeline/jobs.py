@@ -1,0 +1,172 @@
+"""The job contract: kinds, the ledger rows a request writes, enqueueing, and the retry policy.
+
+Postgres is the truth and Redis is the fast lane. A request writes its ledger rows in the same
+transaction as the data they act on, then enqueues after commit (the outbox). If the enqueue
+fails or Redis later loses the job, the sweeper finds the ledger row and enqueues it again.
+
+This module never imports arq: `Enqueuer` is the one method of arq's pool we use, declared
+structurally, so the API and the workers each pass in their own arq connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import asyncpg
+
+from pipeline.db import Q
+
+log = logging.getLogger(__name__)
+
+REGULARIZE = "regularize"
+OCR = "ocr"
+ANALYZE = "analyze"
+SUMMARIZE = "summarize"
+EMBED = "embed"
+EXTRACT = "extract"
+REINDEX = "reindex"
+KINDS = (REGULARIZE, OCR, ANALYZE, SUMMARIZE, EMBED, EXTRACT, REINDEX)
+
+# Ledger statuses, in the order a job moves through them.
+WAITING, QUEUED, RUNNING, DONE, DEAD, CANCELLED = (
+    "waiting",
+    "queued",
+    "running",
+    "done",
+    "dead",
+    "cancelled",
+)
+STATUSES = (WAITING, QUEUED, RUNNING, DONE, DEAD, CANCELLED)
+
+
+class Enqueuer(Protocol):
+    """What we need of a queue: arq's `ArqRedis.enqueue_job` fits this shape."""
+
+    async def enqueue_job(
+        self,
+        function: str,
+        *args: Any,
+        _job_id: str | None = None,
+        _queue_name: str | None = None,
+        _defer_by: float | None = None,
+    ) -> Any: ...
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job to create with an item version; `after` names the kind it waits for."""
+
+    kind: str
+    after: str | None = None
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """Enough to put a job on the queue. The queue's job id includes the attempt, so a retry
+    enqueued while the current attempt is still running is never mistaken for a duplicate."""
+
+    id: uuid.UUID
+    kind: str
+    attempts: int = 0
+
+    @property
+    def queue_job_id(self) -> str:
+        return f"{self.id}:{self.attempts + 1}"
+
+
+TEXT_PIPELINE = (JobSpec(ANALYZE), JobSpec(SUMMARIZE), JobSpec(EMBED, after=ANALYZE))
+
+
+async def create_jobs(
+    conn: asyncpg.Connection,
+    *,
+    tenant_id: int,
+    item_id: str | None,
+    version: int | None,
+    specs: Sequence[JobSpec],
+    max_attempts: int,
+    payload: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Write ledger rows inside the caller's transaction; returns them in spec order."""
+    ids: dict[str, uuid.UUID] = {}
+    rows: list[dict[str, Any]] = []
+    for spec in specs:
+        job_id = uuid.uuid4()
+        depends_on = ids[spec.after] if spec.after else None
+        status = WAITING if depends_on else QUEUED
+        await conn.execute(
+            Q["jobs.insert"],
+            job_id,
+            tenant_id,
+            spec.kind,
+            item_id,
+            version,
+            status,
+            depends_on,
+            max_attempts,
+            payload or {},
+        )
+        ids[spec.kind] = job_id
+        rows.append({"id": job_id, "kind": spec.kind, "status": status, "attempts": 0})
+    return rows
+
+
+def refs_to_enqueue(rows: Iterable[dict[str, Any]]) -> list[JobRef]:
+    return [JobRef(r["id"], r["kind"], r.get("attempts", 0)) for r in rows if r["status"] == QUEUED]
+
+
+async def enqueue(
+    pool: asyncpg.Pool,
+    queue: Enqueuer,
+    refs: Sequence[JobRef],
+    *,
+    queue_name: str,
+    defer_s: float | None = None,
+) -> int:
+    """Put committed jobs on the fast lane. A failure here loses nothing: the ledger row stays
+    queued with no enqueue time, and the sweeper enqueues it. Returns how many went through."""
+    sent: list[uuid.UUID] = []
+    for ref in refs:
+        try:
+            await queue.enqueue_job(
+                ref.kind,
+                str(ref.id),
+                _job_id=ref.queue_job_id,
+                _queue_name=queue_name,
+                _defer_by=defer_s,
+            )
+            sent.append(ref.id)
+        except Exception as exc:
+            log.warning("enqueue of job %s failed, the sweeper will retry: %s", ref.id, exc)
+            break
+    if sent:
+        try:
+            await pool.execute(Q["jobs.mark_enqueued"], sent)
+        except Exception as exc:
+            log.warning("could not record enqueue time: %s", exc)
+    return len(sent)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter: attempt n waits a random share of
+    min(base * 2^(n-1), max). Full jitter spreads a burst of failures (a provider outage hit by
+    a thousand jobs) evenly instead of in synchronized waves."""
+
+    base_s: float = 30.0
+    max_s: float = 3600.0
+    max_attempts: int = 5
+
+    def ceiling_s(self, attempt: int) -> float:
+        return min(self.max_s, self.base_s * 2 ** max(attempt - 1, 0))
+
+    def delay_s(self, attempt: int, *, rand: Callable[[], float] = random.random) -> float:
+        return self.ceiling_s(attempt) * rand()
+
+    def gives_up_after(self, attempt: int) -> bool:
+        return attempt >= self.max_attempts

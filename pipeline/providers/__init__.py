@@ -1,0 +1,1 @@
+"""Providers behind small protocols, chosen by settings and loaded lazily."""

@@ -1,0 +1,169 @@
+"""The job wrapper: claim the ledger row, keep its lease alive, run the task, and then either
+commit the result together with `done`, schedule a retry, or dead-letter.
+
+arq re-queues only on `Retry` and runs no hook past `max_tries`, so every decision about
+retries and dead letters is made here, against the ledger, on each attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import traceback
+import uuid
+
+import asyncpg
+
+from pipeline import jobs
+from pipeline.db import Q
+from pipeline.errors import PermanentError
+from pipeline.jobs import JobRef
+from pipeline.tasks import TASKS, Deps, Writer
+
+log = logging.getLogger(__name__)
+
+
+class LeaseLost(Exception):
+    """Another worker took this job over after our lease expired; our result is discarded."""
+
+
+async def _heartbeat(deps: Deps, job_id: uuid.UUID) -> None:
+    interval_s = max(deps.settings.lease_s / 3, 0.05)
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            renewed = await deps.pool.fetchval(
+                Q["jobs.renew_lease"], job_id, deps.worker_id, deps.settings.lease_s
+            )
+        except (OSError, asyncpg.PostgresError) as exc:
+            log.warning("job %s: heartbeat failed: %s", job_id, exc)
+            continue
+        if renewed is None:
+            log.warning("job %s: lease lost to another worker", job_id)
+            return
+
+
+async def run_job(job_id: str, deps: Deps) -> str:
+    """Run one delivery of a job; returns the outcome: done, retry, dead, skipped or lost."""
+    job = await deps.pool.fetchrow(
+        Q["jobs.claim"], uuid.UUID(job_id), deps.worker_id, deps.settings.lease_s
+    )
+    if job is None:
+        log.info("job %s: not claimable (done, running elsewhere or cancelled), skipped", job_id)
+        return "skipped"
+    attempt = job["attempts"]
+    await deps.pool.execute(
+        Q["jobs.start_attempt"], job["tenant_id"], job["id"], attempt, deps.worker_id
+    )
+    task = TASKS.get(job["kind"])
+    if attempt > job["max_attempts"]:
+        return await _dead_letter(job, deps, "lost its lease on every attempt", permanent=False)
+    if task is None:
+        return await _dead_letter(
+            job, deps, f"no task for job kind {job['kind']!r}", permanent=True
+        )
+    beat = asyncio.create_task(_heartbeat(deps, job["id"]))
+    try:
+        writer = await task(job, deps)
+        released = await _complete(job, deps, writer)
+    except LeaseLost:
+        log.warning("job %s attempt %d: lease lost, result discarded", job_id, attempt)
+        return "lost"
+    except Exception as exc:
+        return await _fail(job, deps, exc)
+    finally:
+        beat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beat
+    log.info("job %s %s attempt %d: done", job_id, job["kind"], attempt)
+    await jobs.enqueue(deps.pool, deps.queue, released, queue_name=deps.settings.queue_name)
+    return "done"
+
+
+async def _complete(job: asyncpg.Record, deps: Deps, writer: Writer) -> list[JobRef]:
+    async with deps.pool.acquire() as conn, conn.transaction():
+        if job["item_id"] is not None:
+            await conn.execute(Q["items.lock_for_completion"], job["tenant_id"], job["item_id"])
+        if await conn.fetchval(Q["jobs.complete"], job["id"], deps.worker_id) is None:
+            raise LeaseLost()
+        await writer(conn)
+        released = await conn.fetch(Q["jobs.release_dependents"], job["id"])
+        await conn.execute(Q["jobs.finish_attempt"], job["id"], job["attempts"], "done", None, None)
+        if job["item_id"] is not None:
+            await conn.execute(Q["items.mark_ready_if_done"], job["tenant_id"], job["item_id"])
+    return [JobRef(r["id"], r["kind"], r["attempts"]) for r in released]
+
+
+async def _fail(job: asyncpg.Record, deps: Deps, exc: BaseException) -> str:
+    attempt = job["attempts"]
+    error = f"{type(exc).__name__}: {exc}"
+    permanent = isinstance(exc, PermanentError)
+    if permanent or deps.policy.gives_up_after(attempt):
+        reason = str(exc) if permanent else f"gave up after {attempt} attempts: {error}"
+        return await _dead_letter(job, deps, reason, permanent=permanent, exc=exc)
+    delay_s = deps.policy.delay_s(attempt)
+    async with deps.pool.acquire() as conn, conn.transaction():
+        row = await conn.fetchrow(
+            Q["jobs.schedule_retry"], job["id"], deps.worker_id, delay_s, error
+        )
+        await conn.execute(
+            Q["jobs.finish_attempt"], job["id"], attempt, "retry", error, _trace(exc)
+        )
+    if row is None:
+        return "lost"
+    log.warning("job %s attempt %d failed, retry in %.1fs: %s", job["id"], attempt, delay_s, error)
+    await jobs.enqueue(
+        deps.pool,
+        deps.queue,
+        [JobRef(row["id"], row["kind"], row["attempts"])],
+        queue_name=deps.settings.queue_name,
+        defer_s=delay_s,
+    )
+    return "retry"
+
+
+async def _dead_letter(
+    job: asyncpg.Record,
+    deps: Deps,
+    reason: str,
+    *,
+    permanent: bool,
+    exc: BaseException | None = None,
+) -> str:
+    async with deps.pool.acquire() as conn, conn.transaction():
+        dead = await conn.fetchrow(Q["jobs.mark_dead"], job["id"], deps.worker_id, reason)
+        if dead is None:
+            return "lost"
+        await conn.execute(
+            Q["jobs.insert_dead_letter"],
+            job["tenant_id"],
+            job["id"],
+            job["kind"],
+            job["item_id"],
+            job["payload"],
+            reason,
+            permanent,
+            job["attempts"],
+        )
+        await conn.execute(
+            Q["jobs.finish_attempt"],
+            job["id"],
+            job["attempts"],
+            "dead",
+            reason,
+            _trace(exc) if exc else None,
+        )
+        await conn.execute(Q["jobs.cancel_dependents"], job["id"])
+        if job["item_id"] is not None:
+            await conn.execute(
+                Q["items.mark_failed"], job["tenant_id"], job["item_id"], f"{job['kind']}: {reason}"
+            )
+    log.error(
+        "job %s %s dead after attempt %d: %s", job["id"], job["kind"], job["attempts"], reason
+    )
+    return "dead"
+
+
+def _trace(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))[-8000:]

@@ -1,0 +1,81 @@
+"""The one configuration class. Every knob is an environment variable prefixed MEMMILL_."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import platformdirs
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("memmill"))
+
+
+class Settings(BaseSettings):
+    """Read once per process through `get_settings()`; tests build their own instances."""
+
+    model_config = SettingsConfigDict(env_prefix="MEMMILL_", extra="ignore")
+
+    # Where things live. No URL means "start an embedded server under data_dir".
+    database_url: str | None = None
+    redis_url: str | None = None
+    data_dir: Path = Field(default_factory=_default_data_dir)
+
+    # HTTP API
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(default=8700, ge=1, le=65535)
+    bootstrap_api_key: str | None = None
+    default_tenant: str = "default"
+    db_pool_min_size: int = Field(default=1, ge=0)
+    db_pool_max_size: int = Field(default=10, ge=1)
+
+    # Input limits: larger bodies are refused with 413 before anything is written.
+    max_content_bytes: int = Field(default=2_000_000, ge=1)
+    max_request_bytes: int = Field(default=4_000_000, ge=1)
+    max_id_chars: int = Field(default=512, ge=1)
+    max_tags: int = Field(default=64, ge=0)
+
+    # Queue and workers
+    queue_name: str = "memmill:queue"
+    worker_max_jobs: int = Field(default=8, ge=1)
+    job_timeout_s: float = Field(default=600.0, gt=0)
+    lease_s: float = Field(default=60.0, gt=0)
+    sweep_interval_s: float = Field(default=5.0, gt=0)
+    enqueue_grace_s: float = Field(default=30.0, ge=0)
+
+    # Retry policy (exponential backoff with full jitter)
+    retry_base_s: float = Field(default=30.0, ge=0)
+    retry_max_s: float = Field(default=3600.0, ge=0)
+    max_attempts: int = Field(default=5, ge=1)
+
+    # Providers
+    embedding_provider: str = "local"
+    embedding_model: str = "all-MiniLM-L6-v2"
+    embedding_dim: int = Field(default=384, ge=1)
+    embedding_batch_size: int = Field(default=64, ge=1)
+    summary_provider: str = "extractive"
+    summary_max_chars: int = Field(default=600, ge=50)
+
+    # Splitting into parts
+    part_max_words: int = Field(default=160, ge=8)
+    part_overlap_words: int = Field(default=20, ge=0)
+
+    # Search: RRF fusion, then a blend of rerank signals
+    rrf_k: int = Field(default=60, ge=1)
+    rrf_alpha: float = Field(default=0.7, ge=0, le=1)
+    rerank_blend: float = Field(default=0.3, ge=0, le=1)
+    recency_half_life_days: float = Field(default=30.0, gt=0)
+    search_candidates: int = Field(default=100, ge=1, le=1000)
+    hnsw_ef_search: int = Field(default=100, ge=1, le=1000)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.api_host}:{self.api_port}"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,48 @@
+"""Tenants and their API keys. Only a SHA-256 of a key is stored; the key is shown once."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+import asyncpg
+
+from pipeline.db import Q
+from pipeline.errors import BadInput, Unauthorized
+
+KEY_PREFIX = "mm_"
+MIN_KEY_CHARS = 16
+
+
+def hash_key(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def new_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+async def ensure_tenant(conn: asyncpg.Connection | asyncpg.Pool, name: str) -> int:
+    return await conn.fetchval(Q["tenants.upsert_tenant"], name)
+
+
+async def add_key(
+    conn: asyncpg.Connection | asyncpg.Pool, tenant_id: int, key: str, *, name: str = "default"
+) -> bool:
+    """Register a key for a tenant; returns False when that exact key already exists."""
+    if len(key) < MIN_KEY_CHARS or not key.isprintable() or " " in key:
+        raise BadInput(f"an API key needs at least {MIN_KEY_CHARS} printable characters, no spaces")
+    row_id = await conn.fetchval(
+        Q["tenants.insert_api_key"], tenant_id, key[:11], hash_key(key), name
+    )
+    return row_id is not None
+
+
+async def authenticate(pool: asyncpg.Pool, key: str | None) -> int:
+    """The tenant a key belongs to. Every failure is the same 401, so keys cannot be probed."""
+    if not key:
+        raise Unauthorized()
+    tenant_id = await pool.fetchval(Q["tenants.authenticate"], hash_key(key))
+    if tenant_id is None:
+        raise Unauthorized("invalid or revoked API key")
+    return tenant_id

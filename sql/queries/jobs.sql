@@ -1,0 +1,105 @@
+-- name: insert
+INSERT INTO jobs (id, tenant_id, kind, item_id, version, status, depends_on, max_attempts, payload)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
+
+-- name: mark_enqueued
+UPDATE jobs SET enqueued_at = now() WHERE id = ANY($1::uuid[]);
+
+-- name: get
+SELECT * FROM jobs WHERE tenant_id = $1 AND id = $2;
+
+-- name: get_any
+SELECT * FROM jobs WHERE id = $1;
+
+-- name: attempts
+SELECT attempt, worker_id, started_at, finished_at, outcome, error
+FROM job_attempts WHERE tenant_id = $1 AND job_id = $2 ORDER BY attempt;
+
+-- A queued job, or a running one whose lease has expired, is taken; anything else is left
+-- alone, so a duplicate delivery of the same job does nothing.
+-- name: claim
+UPDATE jobs
+SET status = 'running', attempts = attempts + 1, worker_id = $2,
+    lease_until = now() + make_interval(secs => $3), started_at = now(), updated_at = now()
+WHERE id = $1
+  AND (status = 'queued' OR (status = 'running' AND lease_until < now()))
+RETURNING *;
+
+-- name: start_attempt
+INSERT INTO job_attempts (tenant_id, job_id, attempt, worker_id) VALUES ($1, $2, $3, $4)
+ON CONFLICT (job_id, attempt) DO UPDATE
+SET worker_id = EXCLUDED.worker_id, started_at = now(), finished_at = NULL, outcome = NULL;
+
+-- name: finish_attempt
+UPDATE job_attempts SET finished_at = now(), outcome = $3, error = $4, traceback = $5
+WHERE job_id = $1 AND attempt = $2;
+
+-- name: renew_lease
+UPDATE jobs SET lease_until = now() + make_interval(secs => $3), updated_at = now()
+WHERE id = $1 AND worker_id = $2 AND status = 'running'
+RETURNING id;
+
+-- name: complete
+UPDATE jobs SET status = 'done', finished_at = now(), lease_until = NULL, updated_at = now()
+WHERE id = $1 AND worker_id = $2 AND status = 'running'
+RETURNING id;
+
+-- name: release_dependents
+UPDATE jobs SET status = 'queued', run_after = now(), updated_at = now()
+WHERE depends_on = $1 AND status = 'waiting'
+RETURNING id, kind, attempts;
+
+-- name: schedule_retry
+UPDATE jobs
+SET status = 'queued', run_after = now() + make_interval(secs => $3), last_error = $4,
+    lease_until = NULL, worker_id = NULL, enqueued_at = NULL, updated_at = now()
+WHERE id = $1 AND worker_id = $2 AND status = 'running'
+RETURNING id, kind, attempts;
+
+-- name: mark_dead
+UPDATE jobs
+SET status = 'dead', last_error = $3, finished_at = now(), lease_until = NULL, updated_at = now()
+WHERE id = $1 AND (worker_id = $2 OR $2 IS NULL) AND status IN ('running', 'queued')
+RETURNING *;
+
+-- name: cancel_dependents
+UPDATE jobs SET status = 'cancelled', finished_at = now(), updated_at = now()
+WHERE depends_on = $1 AND status = 'waiting';
+
+-- name: insert_dead_letter
+INSERT INTO dead_letters (tenant_id, job_id, kind, item_id, payload, reason, permanent, attempts)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8);
+
+-- Running jobs whose worker stopped renewing the lease go back to the queue.
+-- name: reclaim_expired
+UPDATE jobs
+SET status = 'queued', lease_until = NULL, worker_id = NULL, enqueued_at = NULL,
+    run_after = now(), updated_at = now()
+WHERE id IN (SELECT id FROM jobs WHERE status = 'running' AND lease_until < now()
+             ORDER BY lease_until LIMIT $1 FOR UPDATE SKIP LOCKED)
+RETURNING id, kind, attempts;
+
+-- name: mark_lost_attempts
+UPDATE job_attempts SET finished_at = now(), outcome = 'lost', error = 'lease expired'
+WHERE job_id = ANY($1::uuid[]) AND finished_at IS NULL;
+
+-- Queued jobs that are due and that nobody enqueued recently: Redis may have lost them.
+-- name: due_unenqueued
+UPDATE jobs SET enqueued_at = now()
+WHERE id IN (SELECT id FROM jobs
+             WHERE status = 'queued' AND run_after <= now()
+               AND (enqueued_at IS NULL OR enqueued_at < now() - make_interval(secs => $1))
+             ORDER BY run_after LIMIT $2 FOR UPDATE SKIP LOCKED)
+RETURNING id, kind, attempts;
+
+-- A new content version makes the old version's unstarted jobs pointless.
+-- name: cancel_superseded
+UPDATE jobs SET status = 'cancelled', finished_at = now(), updated_at = now()
+WHERE tenant_id = $1 AND item_id = $2 AND status IN ('waiting', 'queued');
+
+-- The jobs of an item's newest processed content, for the item view.
+-- name: for_item
+SELECT id, kind, status, attempts FROM jobs
+WHERE tenant_id = $1 AND item_id = $2
+  AND version = (SELECT max(version) FROM jobs WHERE tenant_id = $1 AND item_id = $2)
+ORDER BY created_at;
