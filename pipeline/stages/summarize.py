@@ -1,7 +1,9 @@
 """The local extractive summarizer: no network, no model, good enough to tell documents apart.
 
-Sentences are scored by how many of the document's frequent content words they carry
-(a centroid score), with a small bonus for coming early; the best are kept in document order.
+Sentences are scored by how many of the document's recurring content words they carry
+(a centroid score; a word found in one sentence only says nothing about the whole), with a
+small bonus for coming early; the best are kept in document order. A sentence that shares
+nothing with the rest is never added just because it fits.
 """
 
 from __future__ import annotations
@@ -111,12 +113,17 @@ def summarize(text: str, *, max_chars: int) -> str:
         words = _content_words(sentence)
         if not words:
             continue
-        centrality = sum(frequencies[w] for w in set(words)) / math.sqrt(len(words))
+        centrality = sum(frequencies[w] - 1 for w in set(words)) / math.sqrt(len(words))
         position_bonus = 1.0 + 0.5 / (1 + index)
         scored.append((centrality * position_bonus, index))
+    if not any(score for score, _ in scored):
+        # Nothing recurs (a list, a very short text): the opening is the best guess.
+        scored = [(1.0 / (1 + index), index) for _, index in scored]
     chosen: list[int] = []
     length = 0
-    for _, index in sorted(scored, reverse=True):
+    for score, index in sorted(scored, reverse=True):
+        if score <= 0:
+            break
         size = len(sentences[index]) + 1
         if length + size > max_chars:
             continue

@@ -1,0 +1,60 @@
+"""The outbox: the ledger is the truth, so work that never reached Redis is not lost."""
+
+from __future__ import annotations
+
+import asyncpg
+from arq import create_pool
+from arq.connections import RedisSettings
+
+from pipeline import items
+from pipeline.settings import Settings
+from pipeline.sweeper import sweep_once
+from tests.conftest import drain
+
+
+async def test_sweeper_enqueues_jobs_redis_never_got(
+    settings: Settings, pool: asyncpg.Pool, tenant: tuple[int, str]
+) -> None:
+    # Commit an item and its ledger rows, and "crash" before the enqueue.
+    async with pool.acquire() as conn, conn.transaction():
+        await items.put_item(conn, tenant_id=tenant[0], settings=settings,
+                             item=items.NewItem(id="orphan", content="Nobody enqueued me."))
+    queue = await create_pool(RedisSettings.from_dsn(settings.redis_url))
+    try:
+        assert await queue.zcard(settings.queue_name) == 0
+        result = await sweep_once(pool, queue, settings)
+        assert (result.reclaimed, result.reenqueued) == (0, 2)  # analyze and summarize
+        assert await queue.zcard(settings.queue_name) == 2
+        # Swept again within the grace period: nothing is enqueued twice.
+        assert (await sweep_once(pool, queue, settings)).reenqueued == 0
+    finally:
+        await queue.aclose()
+    await drain(settings, pool)
+    assert await pool.fetchval("SELECT status FROM items WHERE id = 'orphan'") == "ready"
+
+
+async def test_sweeper_reclaims_an_expired_lease(
+    settings: Settings, pool: asyncpg.Pool, tenant: tuple[int, str]
+) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        result = await items.put_item(conn, tenant_id=tenant[0], settings=settings,
+                                      item=items.NewItem(id="stuck", content="A dead worker."))
+    job_id = result.jobs[0]["id"]
+    # A worker claimed the job, then died: the row says running, its lease in the past.
+    await pool.execute(
+        "UPDATE jobs SET status = 'running', attempts = 1, worker_id = 'dead-worker',"
+        " lease_until = now() - interval '1 second' WHERE id = $1", job_id)
+    await pool.execute(
+        "INSERT INTO job_attempts (tenant_id, job_id, attempt, worker_id) VALUES ($1, $2, 1, 'x')",
+        tenant[0], job_id)
+    queue = await create_pool(RedisSettings.from_dsn(settings.redis_url))
+    try:
+        assert (await sweep_once(pool, queue, settings)).reclaimed == 1
+    finally:
+        await queue.aclose()
+    await drain(settings, pool)
+    job = await pool.fetchrow("SELECT status, attempts FROM jobs WHERE id = $1", job_id)
+    assert (job["status"], job["attempts"]) == ("done", 2)
+    history = await pool.fetch(
+        "SELECT outcome FROM job_attempts WHERE job_id = $1 ORDER BY attempt", job_id)
+    assert [r["outcome"] for r in history] == ["lost", "done"]

@@ -1,0 +1,85 @@
+"""Pure logic from tables of cases: the retry policy, splitting, summarizing."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.jobs import RetryPolicy
+from pipeline.stages.analyze import split_text
+from pipeline.stages.summarize import summarize
+
+
+@pytest.mark.parametrize(
+    ("attempt", "ceiling_s"),
+    [(1, 30), (2, 60), (3, 120), (5, 480), (8, 3600), (30, 3600)],
+)
+def test_backoff_ceiling_doubles_up_to_the_cap(attempt: int, ceiling_s: float) -> None:
+    assert RetryPolicy(base_s=30, max_s=3600).ceiling_s(attempt) == ceiling_s
+
+
+@pytest.mark.parametrize(("rand", "expected_s"), [(0.0, 0.0), (0.5, 60.0), (0.999, 119.88)])
+def test_backoff_has_full_jitter(rand: float, expected_s: float) -> None:
+    delay = RetryPolicy(base_s=30, max_s=3600).delay_s(3, rand=lambda: rand)
+    assert delay == pytest.approx(expected_s)
+
+
+@pytest.mark.parametrize(("attempt", "gives_up"), [(1, False), (4, False), (5, True), (6, True)])
+def test_gives_up_after_max_attempts(attempt: int, gives_up: bool) -> None:
+    assert RetryPolicy(max_attempts=5).gives_up_after(attempt) is gives_up
+
+
+def test_short_text_is_one_part() -> None:
+    parts = split_text("One paragraph.\n\nAnother one.", max_words=50, overlap_words=5)
+    assert [p.text for p in parts] == ["One paragraph.\n\nAnother one."]
+
+
+def test_paragraphs_are_packed_within_the_budget() -> None:
+    paragraphs = [" ".join(f"p{i}w{j}" for j in range(30)) for i in range(5)]
+    parts = split_text("\n\n".join(paragraphs), max_words=70, overlap_words=5)
+    assert [len(p.text.split()) for p in parts] == [60, 60, 30]
+    assert [p.position for p in parts] == [0, 1, 2]
+    # Whole paragraphs: no paragraph is cut when it fits on its own.
+    assert parts[0].text == "\n\n".join(paragraphs[:2])
+
+
+def test_long_paragraph_is_cut_at_sentences_with_overlap() -> None:
+    sentences = [" ".join(f"s{i}w{j}" for j in range(9)) + "." for i in range(10)]
+    parts = split_text(" ".join(sentences), max_words=30, overlap_words=5)
+    assert all(len(p.text.split()) <= 30 for p in parts)
+    words = [w for p in parts for w in p.text.split()]
+    assert set(words) == set(" ".join(sentences).split())  # nothing lost
+    assert parts[1].text.split()[0] in parts[0].text.split()  # overlap carried over
+
+
+def test_one_huge_sentence_becomes_overlapping_windows() -> None:
+    text = " ".join(f"w{i}" for i in range(100))
+    parts = split_text(text, max_words=40, overlap_words=10)
+    assert [p.text.split()[0] for p in parts] == ["w0", "w30", "w60"]
+    assert parts[-1].text.split()[-1] == "w99"
+
+
+def test_blank_text_has_no_parts() -> None:
+    assert split_text(" \n\n \t", max_words=10, overlap_words=2) == []
+
+
+def test_summary_of_short_text_is_the_text() -> None:
+    assert summarize("  A short note.  ", max_chars=100) == "A short note."
+
+
+def test_summary_keeps_central_sentences_within_the_limit() -> None:
+    text = (
+        "Glaciers store most of the fresh water on Earth. "
+        "My cat likes sleeping in the sun. "
+        "As glaciers melt, fresh water flows into the oceans and sea levels rise. "
+        "Melting glaciers also change ocean salinity and currents. "
+        "The weather was nice on Tuesday."
+    )
+    summary = summarize(text, max_chars=160)
+    assert len(summary) <= 160
+    assert "glaciers" in summary.lower()
+    assert "cat" not in summary and "Tuesday" not in summary
+
+
+def test_summary_of_text_without_sentences_is_truncated() -> None:
+    summary = summarize("x" * 500, max_chars=100)
+    assert len(summary) <= 100 and summary.endswith("…")

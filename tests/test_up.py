@@ -1,0 +1,128 @@
+"""`memmill up` as a user runs it: a real process tree, embedded servers, the CLI as a client.
+
+Start, put and search through the CLI, stop with SIGTERM (nothing left running), start again on
+the same data directory (same key, data still there), then run against external servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import free_port
+
+KEY = "mm_test_bootstrap_key_0123456789"
+
+
+class Up:
+    def __init__(self, data_dir: Path, port: int, env: dict[str, str]) -> None:
+        self.port = port
+        self.env = env
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "memmill", "up", "--port", str(port), "--workers", "1",
+             "--data-dir", str(data_dir)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        self.lines: list[str] = []
+
+    def wait_ready(self, timeout_s: float = 180) -> None:
+        deadline = time.monotonic() + timeout_s
+        assert self.process.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            if not line:
+                pytest.fail("memmill up exited:\n" + "".join(self.lines))
+            self.lines.append(line)
+            if line.startswith("Ctrl-C stops everything"):
+                return
+        pytest.fail("memmill up did not start:\n" + "".join(self.lines))
+
+    def printed(self, label: str) -> str:
+        line = next(ln for ln in self.lines if ln.strip().startswith(label))
+        return line.split(":", 1)[1].strip()
+
+    def stop(self) -> list[psutil.Process]:
+        children = psutil.Process(self.process.pid).children(recursive=True)
+        self.process.send_signal(signal.SIGTERM)
+        self.process.communicate(timeout=60)
+        assert self.process.returncode == 0
+        psutil.wait_procs(children, timeout=10)
+        return [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+def cli(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "memmill", *args], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.fixture
+def base_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMMILL_")}
+    env.update(HF_HUB_OFFLINE="1", MEMMILL_LOG_LEVEL="WARNING", COLUMNS="200")
+    return env
+
+
+def test_up_embedded_round_trip_stop_and_restart(tmp_path: Path, base_env: dict[str, str]) -> None:
+    data_dir = tmp_path / "data"
+    port = free_port()
+    env = {**base_env, "MEMMILL_BOOTSTRAP_API_KEY": KEY, "MEMMILL_DATA_DIR": str(data_dir)}
+    up = Up(data_dir, port, env)
+    try:
+        up.wait_ready()
+        assert up.printed("API:") == f"http://127.0.0.1:{port}"
+        assert up.printed("API key:") == KEY
+        runtime = json.loads((data_dir / "runtime.json").read_text())
+        assert runtime["database_url"].startswith("postgresql://")
+        assert runtime["redis_url"].startswith("redis://")
+        # The client commands find the local instance and its key by themselves.
+        out = cli(env, "put", "Lichens are a symbiosis of a fungus and an alga.", "--id",
+                  "bio/lichen", "--tag", "topic=biology", "--wait")
+        assert "bio/lichen  v1  ready  (created)" in out
+        item = json.loads(cli(env, "get", "bio/lichen"))
+        assert item["status"] == "ready" and item["tags"] == {"topic": "biology"}
+        out = cli(env, "search", "fungus and alga partnership", "--json")
+        assert json.loads(out)["results"][0]["item"]["id"] == "bio/lichen"
+    finally:
+        leftovers = up.stop()
+    assert leftovers == [], f"still running after stop: {leftovers}"
+    assert not (data_dir / "runtime.json").exists()
+
+    # Second start: same data directory, no bootstrap variable; the same key still works.
+    env.pop("MEMMILL_BOOTSTRAP_API_KEY")
+    up = Up(data_dir, port, env)
+    try:
+        up.wait_ready()
+        assert up.printed("API key:") == KEY
+        item = json.loads(cli(env, "get", "bio/lichen", "--key", KEY,
+                              "--url", f"http://127.0.0.1:{port}"))
+        assert item["summary"] == "Lichens are a symbiosis of a fungus and an alga."
+    finally:
+        assert up.stop() == []
+
+
+def test_up_with_external_servers(
+    tmp_path: Path, base_env: dict[str, str], db_url: str, redis_url: str
+) -> None:
+    """With both URLs set, nothing embedded starts: the given Postgres and Redis are used."""
+    data_dir = tmp_path / "data"
+    env = {**base_env, "MEMMILL_DATABASE_URL": db_url, "MEMMILL_REDIS_URL": redis_url,
+           "MEMMILL_DATA_DIR": str(data_dir), "MEMMILL_QUEUE_NAME": f"memmill:up:{os.getpid()}"}
+    up = Up(data_dir, free_port(), env)
+    try:
+        up.wait_ready()
+        assert not (data_dir / "postgres").exists() and not (data_dir / "valkey").exists()
+        out = cli(env, "put", "Granite is an igneous rock.", "--id", "geo/granite", "--wait")
+        assert "ready" in out
+        out = cli(env, "search", "igneous", "--mode", "fts", "--json")
+        assert json.loads(out)["results"][0]["item"]["id"] == "geo/granite"
+    finally:
+        assert up.stop() == []
