@@ -24,15 +24,20 @@ def read_local_key(settings: Settings) -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
-async def _bootstrap(dsn: str, settings: Settings) -> str:
-    await migrate(dsn)
-    key = settings.bootstrap_api_key or read_local_key(settings) or tenants.new_key()
+async def register_bootstrap_key(dsn: str, settings: Settings, key: str) -> None:
+    """Make sure the default tenant exists and accepts `key` (idempotent)."""
     conn = await asyncpg.connect(dsn)
     try:
         tenant_id = await tenants.ensure_tenant(conn, settings.default_tenant)
         await tenants.add_key(conn, tenant_id, key, name="bootstrap")
     finally:
         await conn.close()
+
+
+async def _bootstrap(dsn: str, settings: Settings) -> str:
+    await migrate(dsn)
+    key = settings.bootstrap_api_key or read_local_key(settings) or tenants.new_key()
+    await register_bootstrap_key(dsn, settings, key)
     path = key_file(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(key + "\n")

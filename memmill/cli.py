@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -57,7 +56,7 @@ def _settings(data_dir: Path | None = None, **overrides: Any) -> Settings:
 
 def _logging() -> None:
     logging.basicConfig(
-        level=os.environ.get("MEMMILL_LOG_LEVEL", "INFO"),
+        level=_settings().log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
 
@@ -129,9 +128,11 @@ def worker(data_dir: DataDirOpt = None) -> None:
 
 @app.command()
 def migrate(data_dir: DataDirOpt = None) -> None:
-    """Apply pending migrations (to the embedded Postgres when no URL is set)."""
+    """Apply pending migrations (to the embedded Postgres when no URL is set), and register
+    MEMMILL_BOOTSTRAP_API_KEY for the default tenant when it is set."""
     import asyncio
 
+    from memmill.bootstrap import register_bootstrap_key
     from memmill.embedded import start_postgres
     from pipeline.db import migrate as run_migrations
 
@@ -140,6 +141,9 @@ def migrate(data_dir: DataDirOpt = None) -> None:
     dsn = settings.database_url or start_postgres(settings.data_dir)
     applied = asyncio.run(run_migrations(dsn))
     console.print(f"applied {len(applied)} migration(s): {', '.join(applied) or 'none pending'}")
+    if settings.bootstrap_api_key:
+        asyncio.run(register_bootstrap_key(dsn, settings, settings.bootstrap_api_key))
+        console.print(f"API key for tenant {settings.default_tenant!r} registered")
 
 
 def _client(url: str | None, key: str | None) -> Client:

@@ -23,6 +23,7 @@ class Settings(BaseSettings):
     database_url: str | None = None
     redis_url: str | None = None
     data_dir: Path = Field(default_factory=_default_data_dir)
+    log_level: str = "INFO"
 
     # HTTP API
     api_host: str = "127.0.0.1"
