@@ -36,16 +36,28 @@ QueueDep = Annotated[ArqRedis, Depends(_queue)]
 QueryCacheDep = Annotated[QueryCache, Depends(_query_cache)]
 
 
+def _key(authorization: str | None, x_api_key: str | None) -> str | None:
+    if authorization:
+        scheme, _, value = authorization.partition(" ")
+        return value.strip() if scheme.lower() == "bearer" else None
+    return x_api_key
+
+
 async def _current_tenant(
     pool: PoolDep,
     authorization: Annotated[str | None, Header()] = None,
     x_api_key: Annotated[str | None, Header()] = None,
 ) -> int:
-    key = x_api_key
-    if authorization:
-        scheme, _, value = authorization.partition(" ")
-        key = value.strip() if scheme.lower() == "bearer" else None
-    return await tenants.authenticate(pool, key)
+    return await tenants.authenticate(pool, _key(authorization, x_api_key))
+
+
+async def authenticate_request(request: Request) -> int:
+    """The same check as `CurrentTenant`, for code that runs before dependencies are solved
+    (a body that is not valid JSON is rejected before any dependency runs)."""
+    headers = request.headers
+    return await tenants.authenticate(
+        _pool(request), _key(headers.get("authorization"), headers.get("x-api-key"))
+    )
 
 
 CurrentTenant = Annotated[int, Depends(_current_tenant)]

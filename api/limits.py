@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import json
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
-class BodyTooLarge(Exception):
-    pass
+def _too_large(max_bytes: int) -> str:
+    return f"request body is larger than the limit of {max_bytes} bytes"
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from `receive` once a streamed (chunked) body passes the limit. An HTTPException,
+    because FastAPI turns any other error while it reads the body into a vague 400."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(status_code=413, detail=_too_large(max_bytes))
 
 
 class BodySizeLimit:
@@ -34,7 +43,7 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    raise BodyTooLarge()
+                    raise BodyTooLarge(self.max_bytes)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -49,9 +58,7 @@ class BodySizeLimit:
                 await self._reject(send)
 
     async def _reject(self, send: Send) -> None:
-        body = json.dumps(
-            {"detail": f"request body is larger than the limit of {self.max_bytes} bytes"}
-        ).encode()
+        body = json.dumps({"detail": _too_large(self.max_bytes)}).encode()
         await send(
             {
                 "type": "http.response.start",

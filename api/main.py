@@ -13,7 +13,7 @@ from fastapi import FastAPI
 
 from api import errors
 from api.limits import BodySizeLimit
-from api.routes import health, items, jobs, search
+from api.routes import dead_letters, health, items, jobs, search
 from pipeline.db import create_pool
 from pipeline.providers.embeddings import QueryCache, get_embedder
 from pipeline.settings import Settings, get_settings
@@ -60,7 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     errors.install(app)
-    for module in (health, items, jobs, search):
+    for module in (health, items, jobs, dead_letters, search):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     return app

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
 from pipeline.search import Mode
 
@@ -61,6 +61,7 @@ class AttemptPublic(BaseModel):
     finished_at: datetime | None
     outcome: str | None
     error: str | None
+    retry_delay_s: float | None = None
 
 
 class JobPublic(BaseModel):
@@ -90,6 +91,14 @@ class SearchRequest(Strict):
     alpha: float | None = Field(default=None, ge=0, le=1)
     k: int | None = Field(default=None, ge=1, le=1000)
     blend: float | None = Field(default=None, ge=0, le=1)
+
+    @field_validator("query")
+    @classmethod
+    def _no_nul(cls, query: str) -> str:
+        # Postgres refuses a NUL in any text parameter; say so instead of failing with a 500.
+        if "\x00" in query:
+            raise ValueError("query must not contain NUL characters")
+        return query
 
 
 class SearchItem(BaseModel):
@@ -127,3 +136,62 @@ class SearchResponse(BaseModel):
 
 class ErrorBody(BaseModel):
     detail: Any
+
+
+class JobsPublic(BaseModel):
+    data: list[JobPublic]
+    count: int
+
+
+class WorkerPublic(BaseModel):
+    id: str
+    hostname: str
+    pid: int
+    queue_name: str
+    started_at: datetime
+    last_seen_at: datetime
+
+
+class JobStats(BaseModel):
+    by_status: dict[str, int]
+    by_kind: dict[str, dict[str, int]]
+    queue_depth: int | None
+    oldest_queued_at: datetime | None
+    oldest_queued_age_s: float | None
+    workers: list[WorkerPublic]
+
+
+class AttemptDetail(AttemptPublic):
+    traceback: str | None
+
+
+class DeadLetterPublic(BaseModel):
+    id: int
+    job_id: UUID
+    kind: str
+    item_id: str | None
+    payload: dict[str, Any]
+    reason: str
+    permanent: bool
+    attempts: int
+    created_at: datetime
+    replayed_at: datetime | None
+    last_error: str | None
+    history: list[AttemptDetail] = Field(default_factory=list)
+
+
+class DeadLettersPublic(BaseModel):
+    data: list[DeadLetterPublic]
+    count: int
+
+
+class ReplayFilter(Strict):
+    kind: StrictStr | None = None
+    item_id: StrictStr | None = None
+    permanent: bool | None = None
+    limit: int = Field(default=1000, ge=1, le=10_000)
+
+
+class Replayed(BaseModel):
+    replayed: int
+    jobs: list[UUID]

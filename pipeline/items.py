@@ -46,6 +46,14 @@ def _has_control_chars(text: str) -> bool:
     return any(unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn") for ch in text)
 
 
+def _utf8_size(text: str, what: str) -> int:
+    """A lone surrogate (a JSON "\\ud800" escape) has no UTF-8 form: Postgres cannot store it."""
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError:
+        raise BadInput(f"{what} is not valid Unicode: it contains a lone surrogate") from None
+
+
 def check_id(item_id: str, settings: Settings) -> None:
     if not item_id or not item_id.strip():
         raise BadInput("id must not be empty")
@@ -75,13 +83,15 @@ def check_new_item(item: NewItem, settings: Settings) -> None:
     check_tags(item.tags, settings)
     if not item.content.strip():
         raise BadInput("content must not be empty")
-    size = len(item.content.encode())
+    size = _utf8_size(item.content, "content")
     if size > settings.max_content_bytes:
         raise PayloadTooLarge(
             f"content is {size} bytes, over the limit of {settings.max_content_bytes} bytes"
         )
     if item.title is not None and (len(item.title) > MAX_TITLE_CHARS or "\x00" in item.title):
         raise BadInput(f"title must be at most {MAX_TITLE_CHARS} characters without NUL")
+    if item.title is not None:
+        _utf8_size(item.title, "title")
     if "\x00" in item.content:
         raise BadInput("content must not contain NUL characters")
 
@@ -166,7 +176,10 @@ async def put_item(
 
 
 async def get_item(conn: asyncpg.Connection | asyncpg.Pool, tenant_id: int, item_id: str) -> dict:
-    row = await conn.fetchrow(Q["items.get_item"], tenant_id, item_id)
+    # No stored id has control characters, and Postgres refuses a NUL in a query parameter.
+    row = None
+    if not _has_control_chars(item_id):
+        row = await conn.fetchrow(Q["items.get_item"], tenant_id, item_id)
     if row is None:
         raise NotFound(f"no item with id {item_id!r}")
     return dict(row)

@@ -141,13 +141,13 @@ async def enqueue(
                 _defer_by=defer_s,
             )
             sent.append(ref.id)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - Redis down must not fail the request
             log.warning("enqueue of job %s failed, the sweeper will retry: %s", ref.id, exc)
             break
     if sent:
         try:
             await pool.execute(Q["jobs.mark_enqueued"], sent)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - only an optimisation for the sweeper
             log.warning("could not record enqueue time: %s", exc)
     return len(sent)
 
@@ -160,13 +160,9 @@ class RetryPolicy:
 
     base_s: float = 30.0
     max_s: float = 3600.0
-    max_attempts: int = 5
 
     def ceiling_s(self, attempt: int) -> float:
         return min(self.max_s, self.base_s * 2 ** max(attempt - 1, 0))
 
     def delay_s(self, attempt: int, *, rand: Callable[[], float] = random.random) -> float:
         return self.ceiling_s(attempt) * rand()
-
-    def gives_up_after(self, attempt: int) -> bool:
-        return attempt >= self.max_attempts

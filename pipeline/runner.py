@@ -70,7 +70,7 @@ async def run_job(job_id: str, deps: Deps) -> str:
     except LeaseLost:
         log.warning("job %s attempt %d: lease lost, result discarded", job_id, attempt)
         return "lost"
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - every failure is classified; none escapes
         return await _fail(job, deps, exc)
     finally:
         beat.cancel()
@@ -99,7 +99,8 @@ async def _fail(job: asyncpg.Record, deps: Deps, exc: BaseException) -> str:
     attempt = job["attempts"]
     error = f"{type(exc).__name__}: {exc}"
     permanent = isinstance(exc, PermanentError)
-    if permanent or deps.policy.gives_up_after(attempt):
+    # The row's budget decides, not the worker's settings: a replay grants fresh attempts.
+    if permanent or attempt >= job["max_attempts"]:
         reason = str(exc) if permanent else f"gave up after {attempt} attempts: {error}"
         return await _dead_letter(job, deps, reason, permanent=permanent, exc=exc)
     delay_s = deps.policy.delay_s(attempt)
@@ -108,7 +109,7 @@ async def _fail(job: asyncpg.Record, deps: Deps, exc: BaseException) -> str:
             Q["jobs.schedule_retry"], job["id"], deps.worker_id, delay_s, error
         )
         await conn.execute(
-            Q["jobs.finish_attempt"], job["id"], attempt, "retry", error, _trace(exc)
+            Q["jobs.finish_attempt_retry"], job["id"], attempt, error, _trace(exc), delay_s
         )
     if row is None:
         return "lost"

@@ -46,6 +46,10 @@ class Settings(BaseSettings):
     lease_s: float = Field(default=60.0, gt=0)
     sweep_interval_s: float = Field(default=5.0, gt=0)
     enqueue_grace_s: float = Field(default=30.0, ge=0)
+    # On SIGTERM a worker stops taking jobs and lets running ones finish for this long; what is
+    # still running then goes back to the queue at once (not after its lease expires).
+    shutdown_grace_s: int = Field(default=25, ge=0)
+    worker_heartbeat_s: float = Field(default=5.0, gt=0)
 
     # Retry policy (exponential backoff with full jitter)
     retry_base_s: float = Field(default=30.0, ge=0)

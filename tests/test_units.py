@@ -23,11 +23,6 @@ def test_backoff_has_full_jitter(rand: float, expected_s: float) -> None:
     assert delay == pytest.approx(expected_s)
 
 
-@pytest.mark.parametrize(("attempt", "gives_up"), [(1, False), (4, False), (5, True), (6, True)])
-def test_gives_up_after_max_attempts(attempt: int, gives_up: bool) -> None:
-    assert RetryPolicy(max_attempts=5).gives_up_after(attempt) is gives_up
-
-
 def test_short_text_is_one_part() -> None:
     parts = split_text("One paragraph.\n\nAnother one.", max_words=50, overlap_words=5)
     assert [p.text for p in parts] == ["One paragraph.\n\nAnother one."]

@@ -10,11 +10,13 @@ import socket
 import uuid
 from typing import Any
 
+import asyncpg
 from arq.connections import ArqRedis, RedisSettings
 from arq.worker import Function, Worker, func
 
-from pipeline.db import create_pool
-from pipeline.jobs import RetryPolicy
+from pipeline import jobs
+from pipeline.db import Q, create_pool
+from pipeline.jobs import JobRef, RetryPolicy
 from pipeline.runner import run_job
 from pipeline.settings import Settings
 from pipeline.sweeper import sweep_forever
@@ -51,21 +53,53 @@ async def startup(ctx: dict[str, Any]) -> None:
         settings=settings,
         queue=ctx["redis"],
         worker_id=ctx["worker_id"],
-        policy=RetryPolicy(settings.retry_base_s, settings.retry_max_s, settings.max_attempts),
+        policy=RetryPolicy(settings.retry_base_s, settings.retry_max_s),
     )
+    ctx["background"] = [asyncio.create_task(_heartbeat_forever(ctx["deps"]))]
     if ctx.get("sweep", True):
-        ctx["sweeper"] = asyncio.create_task(sweep_forever(pool, ctx["redis"], settings))
+        ctx["background"].append(
+            asyncio.create_task(sweep_forever(pool, ctx["redis"], settings))
+        )
     log.info("worker %s started on queue %s", ctx["worker_id"], settings.queue_name)
 
 
+async def _heartbeat_forever(deps: Deps) -> None:
+    """Tell operators this worker is alive (GET /v1/jobs/stats lists live workers)."""
+    while True:
+        try:
+            await deps.pool.execute(
+                Q["workers.heartbeat"], deps.worker_id, socket.gethostname(), os.getpid(),
+                deps.settings.queue_name,
+            )
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("worker heartbeat failed: %s", exc)
+        await asyncio.sleep(deps.settings.worker_heartbeat_s)
+
+
+async def _release_leases(deps: Deps) -> None:
+    """Jobs still running when the grace period ended were cancelled: hand them back now."""
+    async with deps.pool.acquire() as conn, conn.transaction():
+        released = await conn.fetch(Q["workers.release_leases"], deps.worker_id)
+        if released:
+            await conn.execute(Q["workers.mark_released_attempts"], [r["id"] for r in released])
+        await conn.execute(Q["workers.stopped"], deps.worker_id)
+    if released:
+        log.warning("handed %d unfinished jobs back to the queue", len(released))
+        refs = [JobRef(r["id"], r["kind"], r["attempts"]) for r in released]
+        await jobs.enqueue(deps.pool, deps.queue, refs, queue_name=deps.settings.queue_name)
+
+
 async def shutdown(ctx: dict[str, Any]) -> None:
-    sweeper = ctx.pop("sweeper", None)
-    if sweeper is not None:
-        sweeper.cancel()
+    for task in ctx.pop("background", []):
+        task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await sweeper
+            await task
     deps: Deps | None = ctx.pop("deps", None)
     if deps is not None:
+        try:
+            await _release_leases(deps)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("could not release leases at shutdown (they expire anyway): %s", exc)
         await deps.pool.close()
 
 
@@ -94,6 +128,7 @@ def build_worker(
         job_timeout=settings.job_timeout_s,
         keep_result=0,
         max_tries=1,
+        job_completion_wait=settings.shutdown_grace_s,
         ctx={"settings": settings, "worker_id": new_worker_id(), "sweep": sweep},
     )
 

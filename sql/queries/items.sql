@@ -54,3 +54,8 @@ SET media_type = EXCLUDED.media_type, content = EXCLUDED.content, data = EXCLUDE
 
 -- name: get_source
 SELECT * FROM sources WHERE tenant_id = $1 AND item_id = $2 AND version = $3;
+
+-- A replayed or retried job makes a failed item pending again.
+-- name: mark_pending
+UPDATE items SET status = 'pending', error = NULL, updated_at = now()
+WHERE tenant_id = $1 AND id = $2 AND status = 'failed';

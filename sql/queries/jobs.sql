@@ -12,7 +12,7 @@ SELECT * FROM jobs WHERE tenant_id = $1 AND id = $2;
 SELECT * FROM jobs WHERE id = $1;
 
 -- name: attempts
-SELECT attempt, worker_id, started_at, finished_at, outcome, error
+SELECT attempt, worker_id, started_at, finished_at, outcome, error, retry_delay_s
 FROM job_attempts WHERE tenant_id = $1 AND job_id = $2 ORDER BY attempt;
 
 -- A queued job, or a running one whose lease has expired, is taken; anything else is left
@@ -103,3 +103,54 @@ SELECT id, kind, status, attempts FROM jobs
 WHERE tenant_id = $1 AND item_id = $2
   AND version = (SELECT max(version) FROM jobs WHERE tenant_id = $1 AND item_id = $2)
 ORDER BY created_at;
+
+-- name: list
+SELECT * FROM jobs
+WHERE tenant_id = $1
+  AND ($2::text IS NULL OR status = $2)
+  AND ($3::text IS NULL OR kind = $3)
+  AND ($4::text IS NULL OR item_id = $4)
+  AND ($5::timestamptz IS NULL OR created_at >= $5)
+  AND ($6::timestamptz IS NULL OR created_at < $6)
+ORDER BY created_at DESC, id DESC
+LIMIT $7 OFFSET $8;
+
+-- name: count
+SELECT count(*) FROM jobs
+WHERE tenant_id = $1
+  AND ($2::text IS NULL OR status = $2)
+  AND ($3::text IS NULL OR kind = $3)
+  AND ($4::text IS NULL OR item_id = $4)
+  AND ($5::timestamptz IS NULL OR created_at >= $5)
+  AND ($6::timestamptz IS NULL OR created_at < $6);
+
+-- name: counts
+SELECT status, kind, count(*) AS n FROM jobs WHERE tenant_id = $1 GROUP BY status, kind;
+
+-- name: oldest_due
+SELECT min(run_after) FROM jobs
+WHERE tenant_id = $1 AND status = 'queued' AND run_after <= now();
+
+-- A retry or replay gives the job a fresh budget of attempts; the history of earlier attempts
+-- stays (attempt numbers keep counting).
+-- name: retry
+UPDATE jobs
+SET status = 'queued', max_attempts = attempts + $3, run_after = now(), last_error = NULL,
+    finished_at = NULL, enqueued_at = NULL, lease_until = NULL, worker_id = NULL,
+    updated_at = now()
+WHERE tenant_id = $1 AND id = $2 AND status IN ('dead', 'cancelled', 'queued')
+RETURNING *;
+
+-- name: restore_dependents
+UPDATE jobs SET status = 'waiting', finished_at = NULL, updated_at = now()
+WHERE depends_on = $1 AND status = 'cancelled';
+
+-- name: cancel
+UPDATE jobs SET status = 'cancelled', finished_at = now(), lease_until = NULL, updated_at = now()
+WHERE tenant_id = $1 AND id = $2 AND status IN ('queued', 'waiting')
+RETURNING *;
+
+-- name: finish_attempt_retry
+UPDATE job_attempts
+SET finished_at = now(), outcome = 'retry', error = $3, traceback = $4, retry_delay_s = $5
+WHERE job_id = $1 AND attempt = $2;

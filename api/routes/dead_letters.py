@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from api.deps import CurrentTenant, PoolDep, QueueDep, SettingsDep
+from api.routes.jobs import Kind
+from api.schemas import AttemptDetail, DeadLetterPublic, DeadLettersPublic, Replayed, ReplayFilter
+from pipeline import jobs, ledger
+
+router = APIRouter(prefix="/v1/dead-letters", tags=["dead letters"])
+
+
+def _public(row, history=()) -> DeadLetterPublic:  # type: ignore[no-untyped-def]
+    fields = {k: row[k] for k in DeadLetterPublic.model_fields if k != "history"}
+    return DeadLetterPublic(**fields, history=[AttemptDetail(**dict(h)) for h in history])
+
+
+@router.get("", response_model=DeadLettersPublic)
+async def list_dead_letters(
+    tenant: CurrentTenant,
+    pool: PoolDep,
+    kind: Kind | None = None,
+    item_id: str | None = None,
+    replayed: bool | None = None,
+    permanent: bool | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> DeadLettersPublic:
+    """Jobs that failed for good, newest first."""
+    flt = ledger.DeadLetterFilter(kind, item_id, replayed, permanent)
+    rows, total = await ledger.list_dead_letters(pool, tenant, flt, limit=limit, offset=offset)
+    return DeadLettersPublic(data=[_public(r) for r in rows], count=total)
+
+
+@router.get("/{dead_letter_id}", response_model=DeadLetterPublic)
+async def get_dead_letter(dead_letter_id: int, tenant: CurrentTenant, pool: PoolDep
+                          ) -> DeadLetterPublic:
+    """One dead letter with every attempt's error and traceback."""
+    row, history = await ledger.get_dead_letter(pool, tenant, dead_letter_id)
+    return _public(row, history)
+
+
+@router.post("/replay", response_model=Replayed)
+async def replay_matching(
+    body: ReplayFilter, tenant: CurrentTenant, pool: PoolDep, queue: QueueDep,
+    settings: SettingsDep,
+) -> Replayed:
+    """Replay every not yet replayed dead letter that matches the filter (all by default)."""
+    flt = ledger.DeadLetterFilter(body.kind, body.item_id, None, body.permanent)
+    refs = await ledger.replay(pool, tenant, fresh_attempts=settings.max_attempts, flt=flt,
+                               limit=body.limit)
+    await jobs.enqueue(pool, queue, refs, queue_name=settings.queue_name)
+    return Replayed(replayed=len(refs), jobs=[r.id for r in refs])
+
+
+@router.post("/{dead_letter_id}/replay", response_model=Replayed)
+async def replay_one(
+    dead_letter_id: int, tenant: CurrentTenant, pool: PoolDep, queue: QueueDep,
+    settings: SettingsDep,
+) -> Replayed:
+    """Put one dead-lettered job back through the normal path with fresh attempts."""
+    refs = await ledger.replay(pool, tenant, fresh_attempts=settings.max_attempts,
+                               dead_letter_id=dead_letter_id)
+    await jobs.enqueue(pool, queue, refs, queue_name=settings.queue_name)
+    return Replayed(replayed=len(refs), jobs=[r.id for r in refs])

@@ -1,0 +1,177 @@
+"""Retries, dead letters and replay, and the operator's job endpoints, over real HTTP.
+
+A `probe` task, registered for these tests only, fails as the test tells it to: transiently,
+permanently, or not at all."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from itertools import pairwise
+
+import asyncpg
+import httpx
+import pytest
+from arq import create_pool
+from arq.connections import RedisSettings
+
+from pipeline import items, jobs
+from pipeline.errors import PermanentError, TransientError
+from pipeline.jobs import JobSpec, RetryPolicy
+from pipeline.settings import Settings
+from pipeline.tasks import TASKS
+from tests.conftest import drain
+
+FAULT: dict[str, str | None] = {"mode": None}
+
+
+async def probe(job: asyncpg.Record, deps: object):  # type: ignore[no-untyped-def]
+    if FAULT["mode"] == "transient":
+        raise TransientError("upstream answered 503")
+    if FAULT["mode"] == "permanent":
+        raise PermanentError("the PDF is corrupt: no xref table")
+
+    async def write(conn: asyncpg.Connection) -> None:
+        return None
+
+    return write
+
+
+@pytest.fixture(autouse=True)
+def probe_task() -> AsyncIterator[None]:
+    TASKS["probe"] = probe
+    FAULT["mode"] = None
+    yield
+    TASKS.pop("probe")
+
+
+async def _item_with_probe(pool: asyncpg.Pool, settings: Settings, tenant_id: int, item_id: str
+                           ) -> str:
+    async with pool.acquire() as conn, conn.transaction():
+        result = await items.put_item(conn, tenant_id=tenant_id, settings=settings,
+                                      item=items.NewItem(id=item_id, content="Probe me."))
+        (probe_row,) = await jobs.create_jobs(
+            conn, tenant_id=tenant_id, item_id=item_id, version=1, specs=[JobSpec("probe")],
+            max_attempts=settings.max_attempts)
+    queue = await create_pool(RedisSettings.from_dsn(settings.redis_url))
+    try:
+        await jobs.enqueue(pool, queue, jobs.refs_to_enqueue([*result.jobs, probe_row]),
+                           queue_name=settings.queue_name)
+    finally:
+        await queue.aclose()
+    return str(probe_row["id"])
+
+
+@pytest.fixture
+async def http(api_url: str, tenant: tuple[int, str]) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=api_url,
+                                 headers={"Authorization": f"Bearer {tenant[1]}"}) as client:
+        yield client
+
+
+async def test_transient_failures_back_off_then_dead_letter_then_replay(
+    http: httpx.AsyncClient, settings: Settings, pool: asyncpg.Pool, tenant: tuple[int, str]
+) -> None:
+    FAULT["mode"] = "transient"
+    job_id = await _item_with_probe(pool, settings, tenant[0], "flaky")
+    await drain(settings, pool)
+
+    job = (await http.get(f"/v1/jobs/{job_id}")).json()
+    assert job["status"] == "dead" and job["attempts"] == settings.max_attempts
+    history = job["history"]
+    assert [h["outcome"] for h in history] == ["retry"] * 4 + ["dead"]
+    assert all("503" in h["error"] for h in history)
+    policy = RetryPolicy(settings.retry_base_s, settings.retry_max_s)
+    for h, nxt in pairwise(history):
+        # Each delay lies under its attempt's ceiling, and the next attempt waited for it.
+        assert 0 <= h["retry_delay_s"] <= policy.ceiling_s(h["attempt"])
+        waited = _seconds(nxt["started_at"]) - _seconds(h["finished_at"])
+        assert waited >= h["retry_delay_s"] - 0.01
+    item = (await http.get("/v1/items/flaky")).json()
+    assert item["status"] == "failed" and "503" in item["error"]
+
+    letters = (await http.get("/v1/dead-letters")).json()
+    assert letters["count"] == 1
+    letter = letters["data"][0]
+    assert letter["job_id"] == job_id and letter["permanent"] is False
+    detail = (await http.get(f"/v1/dead-letters/{letter['id']}")).json()
+    assert len(detail["history"]) == 5 and all(h["traceback"] for h in detail["history"])
+
+    FAULT["mode"] = None  # the upstream recovered
+    r = await http.post(f"/v1/dead-letters/{letter['id']}/replay")
+    assert r.status_code == 200 and r.json()["replayed"] == 1
+    await drain(settings, pool)
+    job = (await http.get(f"/v1/jobs/{job_id}")).json()
+    assert job["status"] == "done" and job["attempts"] == 6
+    assert (await http.get("/v1/items/flaky")).json()["status"] == "ready"
+    again = await http.post(f"/v1/dead-letters/{letter['id']}/replay")
+    assert again.status_code == 409
+
+
+async def test_permanent_failure_dead_letters_at_once(
+    http: httpx.AsyncClient, settings: Settings, pool: asyncpg.Pool, tenant: tuple[int, str]
+) -> None:
+    FAULT["mode"] = "permanent"
+    job_id = await _item_with_probe(pool, settings, tenant[0], "corrupt.pdf")
+    await drain(settings, pool)
+    job = (await http.get(f"/v1/jobs/{job_id}")).json()
+    assert job["status"] == "dead" and job["attempts"] == 1
+    item = (await http.get("/v1/items/corrupt.pdf")).json()
+    assert item["status"] == "failed"
+    assert item["error"] == "probe: the PDF is corrupt: no xref table"
+    letters = (await http.get("/v1/dead-letters", params={"permanent": True})).json()
+    assert [d["reason"] for d in letters["data"]] == ["the PDF is corrupt: no xref table"]
+
+
+async def test_replay_by_filter_and_job_listing(
+    http: httpx.AsyncClient, settings: Settings, pool: asyncpg.Pool, tenant: tuple[int, str]
+) -> None:
+    FAULT["mode"] = "permanent"
+    for n in range(3):
+        await _item_with_probe(pool, settings, tenant[0], f"batch-{n}")
+    await drain(settings, pool)
+    dead = (await http.get("/v1/jobs", params={"status": "dead", "kind": "analyze"})).json()
+    assert dead["count"] == 0  # the filter is applied: analyze jobs did not fail
+    listed = (await http.get("/v1/jobs", params={"status": "dead", "limit": 2})).json()
+    assert listed["count"] == 3 and len(listed["data"]) == 2
+    stats = (await http.get("/v1/jobs/stats")).json()
+    assert stats["by_status"] == {"done": 9, "dead": 3}
+    assert stats["by_kind"]["probe"] == {"dead": 3}
+
+    FAULT["mode"] = None
+    r = await http.post("/v1/dead-letters/replay", json={"item_id": "batch-1"})
+    assert r.json()["replayed"] == 1
+    r = await http.post("/v1/dead-letters/replay", json={})
+    assert r.json()["replayed"] == 2
+    await drain(settings, pool)
+    stats = (await http.get("/v1/jobs/stats")).json()
+    assert stats["by_status"] == {"done": 12}
+    bad = await http.post("/v1/dead-letters/replay", json={"kind": "probe", "nope": 1})
+    assert bad.status_code == 422
+
+
+async def test_cancel_and_retry(
+    http: httpx.AsyncClient, settings: Settings, pool: asyncpg.Pool, tenant: tuple[int, str]
+) -> None:
+    r = await http.post("/v1/items", json={"id": "later", "content": "Cancel my embedding."})
+    embed = next(j for j in r.json()["jobs"] if j["kind"] == "embed")
+    cancelled = await http.post(f"/v1/jobs/{embed['id']}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert (await http.post(f"/v1/jobs/{embed['id']}/cancel")).status_code == 409
+    await drain(settings, pool)
+    item = (await http.get("/v1/items/later")).json()
+    assert item["status"] == "failed" and "cancelled" in item["error"]
+
+    retried = await http.post(f"/v1/jobs/{embed['id']}/retry")
+    assert retried.status_code == 200 and retried.json()["status"] in ("queued", "waiting")
+    await drain(settings, pool)
+    assert (await http.get("/v1/items/later")).json()["status"] == "ready"
+    done = await http.post(f"/v1/jobs/{embed['id']}/retry")
+    assert done.status_code == 409 and "done" in done.json()["detail"]
+    assert (await http.get("/v1/jobs/00000000-0000-0000-0000-000000000000")).status_code == 404
+    assert (await http.get("/v1/jobs", params={"status": "bogus"})).status_code == 422
+
+
+def _seconds(timestamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(timestamp).timestamp()
