@@ -18,6 +18,7 @@ from rich.table import Table
 
 from memmill.bootstrap import read_local_key
 from memmill.client import ApiError, Client
+from memmill.ops import dead_app, jobs_app
 from memmill.supervisor import read_runtime, run_up
 from pipeline.settings import Settings
 
@@ -146,7 +147,7 @@ def migrate(data_dir: DataDirOpt = None) -> None:
         console.print(f"API key for tenant {settings.default_tenant!r} registered")
 
 
-def _client(url: str | None, key: str | None) -> Client:
+def make_client(url: str | None, key: str | None) -> Client:
     settings = _settings()
     runtime = read_runtime(settings) or {}
     return Client(
@@ -196,7 +197,7 @@ def put(
     body = {"id": item_id, "content": content, "tags": _parse_tags(tag)}
     if title:
         body["title"] = title
-    with _client(url, key) as client:
+    with make_client(url, key) as client:
         try:
             result = client.put(body)
             item = result["item"]
@@ -223,7 +224,7 @@ def _wait_ready(client: Client, item_id: str, timeout_s: float = 600) -> dict[st
 @app.command()
 def get(item_id: str, url: UrlOpt = None, key: KeyOpt = None) -> None:
     """Show an item: status, summary, tags, version and its jobs."""
-    with _client(url, key) as client:
+    with make_client(url, key) as client:
         try:
             item = client.get(item_id)
         except ApiError as exc:
@@ -241,7 +242,7 @@ def search(
     key: KeyOpt = None,
 ) -> None:
     """Search parts by hybrid (full-text + vector) search."""
-    with _client(url, key) as client:
+    with make_client(url, key) as client:
         try:
             response = client.search({"query": query, "limit": limit, "mode": mode})
         except ApiError as exc:
@@ -265,6 +266,10 @@ def search(
             snippet,
         )
     console.print(table)
+
+
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(dead_app, name="dead-letters")
 
 
 def main() -> None:

@@ -49,3 +49,24 @@ class Client:
 
     def search(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/search", json=body)
+
+    def jobs(self, params: dict[str, Any]) -> dict[str, Any]:
+        return self._call("GET", "/v1/jobs", params={k: v for k, v in params.items() if v})
+
+    def job_stats(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/jobs/stats")
+
+    def job_action(self, job_id: str, action: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{job_id}/{action}")
+
+    def dead_letters(self, params: dict[str, Any]) -> dict[str, Any]:
+        return self._call("GET", "/v1/dead-letters",
+                          params={k: v for k, v in params.items() if v is not None})
+
+    def dead_letter(self, dead_letter_id: int) -> dict[str, Any]:
+        return self._call("GET", f"/v1/dead-letters/{dead_letter_id}")
+
+    def replay(self, dead_letter_id: int | None, body: dict[str, Any]) -> dict[str, Any]:
+        if dead_letter_id is not None:
+            return self._call("POST", f"/v1/dead-letters/{dead_letter_id}/replay")
+        return self._call("POST", "/v1/dead-letters/replay", json=body)

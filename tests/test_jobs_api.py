@@ -5,6 +5,7 @@ permanently, or not at all."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from itertools import pairwise
 
@@ -175,3 +176,39 @@ def _seconds(timestamp: str) -> float:
     from datetime import datetime
 
     return datetime.fromisoformat(timestamp).timestamp()
+
+
+async def _cli(api_url: str, key: str, *args: str) -> tuple[int, str]:
+    import asyncio
+    import sys
+
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "memmill", *args, "--url", api_url, "--key", key,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+    out, _ = await process.communicate()
+    return process.returncode or 0, out.decode()
+
+
+async def test_operator_cli(
+    api_url: str, settings: Settings, pool: asyncpg.Pool, tenant: tuple[int, str]
+) -> None:
+    FAULT["mode"] = "permanent"
+    job_id = await _item_with_probe(pool, settings, tenant[0], "cli-item")
+    await drain(settings, pool)
+    code, out = await _cli(api_url, tenant[1], "dead-letters", "list")
+    assert code == 0 and "cli-item" in out and "the PDF is corrupt" in out
+    dead_id = await pool.fetchval("SELECT id FROM dead_letters WHERE job_id = $1", job_id)
+    code, out = await _cli(api_url, tenant[1], "jobs", "list", "--status", "dead")
+    assert code == 0 and job_id in out and "1 of 1" in out
+    code, out = await _cli(api_url, tenant[1], "jobs", "stats")
+    assert code == 0 and "probe" in out and "queue depth: 0" in out
+    FAULT["mode"] = None
+    code, out = await _cli(api_url, tenant[1], "dead-letters", "replay", str(dead_id))
+    assert (code, out.strip()) == (0, "replayed 1 job(s)")
+    code, out = await _cli(api_url, tenant[1], "dead-letters", "replay", str(dead_id))
+    assert code == 1 and "already replayed" in out
+    await drain(settings, pool)
+    code, out = await _cli(api_url, tenant[1], "jobs", "show", job_id)
+    assert code == 0 and json.loads(out)["status"] == "done"

@@ -1,0 +1,140 @@
+"""`memmill jobs …` and `memmill dead-letters …`: the operator's view of the job ledger."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from memmill.client import ApiError
+
+console = Console()
+err = Console(stderr=True)
+
+jobs_app = typer.Typer(no_args_is_help=True, help="List, inspect, retry and cancel jobs.")
+dead_app = typer.Typer(no_args_is_help=True, help="Inspect and replay dead letters.")
+
+UrlOpt = Annotated[str | None, typer.Option("--url", envvar="MEMMILL_URL", help="API URL.")]
+KeyOpt = Annotated[str | None, typer.Option("--key", envvar="MEMMILL_API_KEY", help="API key.")]
+
+
+def _call(url: str | None, key: str | None, fn):  # type: ignore[no-untyped-def]
+    from memmill.cli import make_client
+
+    with make_client(url, key) as client:
+        try:
+            return fn(client)
+        except ApiError as exc:
+            err.print(f"[red]error:[/] {escape(exc.detail)}")
+            raise typer.Exit(1) from None
+
+
+def _short(text: str | None, width: int = 60) -> str:
+    text = (text or "").replace("\n", " ")
+    return escape(text if len(text) <= width else text[: width - 1] + "…")
+
+
+@jobs_app.command("list")
+def jobs_list(
+    status: Annotated[str | None, typer.Option(help="waiting, queued, running, done, dead, "
+                                               "cancelled")] = None,
+    kind: Annotated[str | None, typer.Option(help="Job kind, e.g. embed.")] = None,
+    item: Annotated[str | None, typer.Option("--item", help="Item id.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
+    url: UrlOpt = None, key: KeyOpt = None,
+) -> None:
+    """Jobs, newest first."""
+    page = _call(url, key, lambda c: c.jobs(
+        {"status": status, "kind": kind, "item_id": item, "limit": limit}))
+    table = Table("id", "kind", "item", "status", "tries", "created", "last error")
+    for j in page["data"]:
+        table.add_row(j["id"], j["kind"], _short(j["item_id"], 30), j["status"],
+                      f"{j['attempts']}/{j['max_attempts']}", j["created_at"][:19],
+                      _short(j["last_error"], 40))
+    console.print(table)
+    console.print(f"{len(page['data'])} of {page['count']}")
+
+
+@jobs_app.command("show")
+def jobs_show(job_id: str, url: UrlOpt = None, key: KeyOpt = None) -> None:
+    """One job with its attempt history."""
+    console.print_json(json.dumps(_call(url, key, lambda c: c.job(job_id))))
+
+
+@jobs_app.command("stats")
+def jobs_stats(url: UrlOpt = None, key: KeyOpt = None) -> None:
+    """Counts by status and kind, queue depth, oldest due job, live workers."""
+    stats: dict[str, Any] = _call(url, key, lambda c: c.job_stats())
+    table = Table("kind", *sorted(stats["by_status"]))
+    for kind, counts in sorted(stats["by_kind"].items()):
+        table.add_row(kind, *(str(counts.get(s, 0)) for s in sorted(stats["by_status"])))
+    console.print(table)
+    age = stats["oldest_queued_age_s"]
+    console.print(f"queue depth: {stats['queue_depth']}   oldest due: "
+                  f"{'-' if age is None else f'{age:.1f}s ago'}   "
+                  f"workers alive: {len(stats['workers'])}")
+    for w in stats["workers"]:
+        console.print(f"  {w['id']}  last seen {w['last_seen_at'][:19]}")
+
+
+@jobs_app.command("retry")
+def jobs_retry(job_id: str, url: UrlOpt = None, key: KeyOpt = None) -> None:
+    """Run a dead, cancelled or backing-off job now with fresh attempts."""
+    job = _call(url, key, lambda c: c.job_action(job_id, "retry"))
+    console.print(f"{job['id']}  {job['kind']}  {job['status']}")
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(job_id: str, url: UrlOpt = None, key: KeyOpt = None) -> None:
+    """Cancel a job that has not started."""
+    job = _call(url, key, lambda c: c.job_action(job_id, "cancel"))
+    console.print(f"{job['id']}  {job['kind']}  {job['status']}")
+
+
+@dead_app.command("list")
+def dead_list(
+    kind: Annotated[str | None, typer.Option(help="Job kind.")] = None,
+    item: Annotated[str | None, typer.Option("--item", help="Item id.")] = None,
+    replayed: Annotated[bool | None, typer.Option("--replayed/--pending",
+                                                  help="Only replayed / not replayed.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
+    url: UrlOpt = None, key: KeyOpt = None,
+) -> None:
+    """Dead letters, newest first."""
+    page = _call(url, key, lambda c: c.dead_letters(
+        {"kind": kind, "item_id": item, "replayed": replayed, "limit": limit}))
+    table = Table("id", "kind", "item", "tries", "permanent", "replayed", "reason")
+    for d in page["data"]:
+        table.add_row(str(d["id"]), d["kind"], _short(d["item_id"], 30), str(d["attempts"]),
+                      "yes" if d["permanent"] else "no", "yes" if d["replayed_at"] else "no",
+                      _short(d["reason"]))
+    console.print(table)
+    console.print(f"{len(page['data'])} of {page['count']}")
+
+
+@dead_app.command("show")
+def dead_show(dead_letter_id: int, url: UrlOpt = None, key: KeyOpt = None) -> None:
+    """One dead letter with every attempt's error and traceback."""
+    console.print_json(json.dumps(_call(url, key, lambda c: c.dead_letter(dead_letter_id))))
+
+
+@dead_app.command("replay")
+def dead_replay(
+    dead_letter_id: Annotated[int | None, typer.Argument(help="One dead letter; omit and "
+                                                         "pass --all or a filter.")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every dead letter not replayed.")] = False,
+    kind: Annotated[str | None, typer.Option(help="Only this job kind.")] = None,
+    item: Annotated[str | None, typer.Option("--item", help="Only this item.")] = None,
+    url: UrlOpt = None, key: KeyOpt = None,
+) -> None:
+    """Replay dead letters through the normal path with fresh attempts."""
+    if dead_letter_id is None and not (all_ or kind or item):
+        err.print("[red]error:[/] name a dead letter id, or pass --all, --kind or --item")
+        raise typer.Exit(2)
+    body = {k: v for k, v in {"kind": kind, "item_id": item}.items() if v}
+    result = _call(url, key, lambda c: c.replay(dead_letter_id, body))
+    console.print(f"replayed {result['replayed']} job(s)")
