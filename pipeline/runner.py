@@ -36,7 +36,10 @@ async def _heartbeat(deps: Deps, job_id: uuid.UUID) -> None:
             renewed = await deps.pool.fetchval(
                 Q["jobs.renew_lease"], job_id, deps.worker_id, deps.settings.lease_s
             )
-        except (OSError, asyncpg.PostgresError) as exc:
+        except Exception as exc:  # noqa: BLE001 - the heartbeat must outlive any failure
+            # Not only OSError and PostgresError: while Postgres restarts, asyncpg also raises
+            # InterfaceError and InternalClientError. A heartbeat that ends here lets the lease
+            # expire, and another worker takes the job while this one still runs it.
             log.warning("job %s: heartbeat failed: %s", job_id, exc)
             continue
         if renewed is None:

@@ -52,4 +52,9 @@ async def sweep_forever(pool: asyncpg.Pool, queue: Enqueuer, settings: Settings)
             await sweep_once(pool, queue, settings)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             log.warning("sweep failed, will try again: %s", exc)
+        except Exception:
+            # The sweeper is what recovers lost work: it must not die. An exception escaping
+            # here (asyncpg raises InternalClientError while Postgres restarts) would end the
+            # task silently, and this worker would never sweep again.
+            log.exception("sweep failed unexpectedly, will try again")
         await asyncio.sleep(settings.sweep_interval_s)
