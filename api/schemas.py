@@ -134,10 +134,6 @@ class SearchResponse(BaseModel):
     timings_ms: dict[str, float]
 
 
-class ErrorBody(BaseModel):
-    detail: Any
-
-
 class JobsPublic(BaseModel):
     data: list[JobPublic]
     count: int
