@@ -323,7 +323,7 @@ async def measure_ledger(
                     item_id=None,
                     version=None,
                     specs=[JobSpec(NOOP)] * size,
-                    max_attempts=5,
+                    max_attempts=lambda kind: 5,
                 )
             sent = await jobs.enqueue(
                 pool, producer, jobs.refs_to_enqueue(rows), queue_name=queue_name
@@ -334,7 +334,9 @@ async def measure_ledger(
         rounds = 0
         while True:
             rounds += 1
-            worker = build_worker(settings, burst=True, sweep=False, poll_delay_s=0)
+            worker = build_worker(
+                settings, burst=True, sweep=False, warm_up=False, poll_delay_s=0
+            )
             try:
                 await worker.main()
                 left = await pool.fetchval(

@@ -72,6 +72,14 @@ def _raise_stop(signum: int, _frame: object) -> None:
     raise StopRequested(signal.Signals(signum).name)
 
 
+def embedding_threads(settings: Settings, workers: int) -> int:
+    """Cores per worker for the model, unless the operator chose: N workers each running torch
+    on every core would spend their time waiting on each other's threads."""
+    if settings.embedding_threads:
+        return settings.embedding_threads
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
 def run_up(settings: Settings, *, workers: int) -> int:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     if read_runtime(settings):
@@ -105,7 +113,10 @@ def run_up(settings: Settings, *, workers: int) -> int:
         }
         cli = [sys.executable, "-m", "memmill"]
         children = [Child("api", [*cli, "api"], env)]
-        children += [Child(f"worker-{i + 1}", [*cli, "worker"], env) for i in range(workers)]
+        worker_env = {**env, "MEMMILL_EMBEDDING_THREADS": str(embedding_threads(settings, workers))}
+        children += [
+            Child(f"worker-{i + 1}", [*cli, "worker"], worker_env) for i in range(workers)
+        ]
         for child in children:
             child.start()
         runtime_file(settings).write_text(

@@ -170,7 +170,7 @@ async def put_item(
         item_id=item.id,
         version=version,
         specs=jobs.TEXT_PIPELINE,
-        max_attempts=settings.max_attempts,
+        max_attempts=settings.max_attempts_for,
     )
     return PutResult(item=dict(row), jobs=created, change=change)
 

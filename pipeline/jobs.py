@@ -89,30 +89,24 @@ async def create_jobs(
     item_id: str | None,
     version: int | None,
     specs: Sequence[JobSpec],
-    max_attempts: int,
+    max_attempts: Callable[[str], int],
     payload: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Write ledger rows inside the caller's transaction; returns them in spec order."""
+    """Write ledger rows inside the caller's transaction, in one pipelined round trip; returns
+    them in spec order."""
     ids: dict[str, uuid.UUID] = {}
     rows: list[dict[str, Any]] = []
+    args: list[tuple[Any, ...]] = []
     for spec in specs:
         job_id = uuid.uuid4()
         depends_on = ids[spec.after] if spec.after else None
         status = WAITING if depends_on else QUEUED
-        await conn.execute(
-            Q["jobs.insert"],
-            job_id,
-            tenant_id,
-            spec.kind,
-            item_id,
-            version,
-            status,
-            depends_on,
-            max_attempts,
-            payload or {},
-        )
+        args.append((job_id, tenant_id, spec.kind, item_id, version, status, depends_on,
+                     max_attempts(spec.kind), payload or {}))
         ids[spec.kind] = job_id
         rows.append({"id": job_id, "kind": spec.kind, "status": status, "attempts": 0})
+    if args:
+        await conn.executemany(Q["jobs.insert"], args)
     return rows
 
 

@@ -5,6 +5,7 @@ returned refs after commit, exactly as a put does (the outbox)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -60,10 +61,15 @@ async def stats(pool: asyncpg.Pool, tenant_id: int, *, alive_window_s: float) ->
     }
 
 
+# A replay or retry grants the job kind's full budget again (settings.max_attempts_for).
+AttemptBudget = Callable[[str], int]
+
+
 async def _requeue(
-    conn: asyncpg.Connection, tenant_id: int, job_id: uuid.UUID, fresh_attempts: int
+    conn: asyncpg.Connection, tenant_id: int, job_id: uuid.UUID, kind: str,
+    fresh_attempts: AttemptBudget,
 ) -> JobRef | None:
-    row = await conn.fetchrow(Q["jobs.retry"], tenant_id, job_id, fresh_attempts)
+    row = await conn.fetchrow(Q["jobs.retry"], tenant_id, job_id, fresh_attempts(kind))
     if row is None:
         return None
     await conn.execute(Q["jobs.restore_dependents"], job_id)
@@ -73,14 +79,14 @@ async def _requeue(
 
 
 async def retry_job(
-    pool: asyncpg.Pool, tenant_id: int, job_id: uuid.UUID, *, fresh_attempts: int
+    pool: asyncpg.Pool, tenant_id: int, job_id: uuid.UUID, *, fresh_attempts: AttemptBudget
 ) -> JobRef:
     """Run a dead, cancelled or backing-off job now, with a fresh budget of attempts."""
     async with pool.acquire() as conn, conn.transaction():
         current = await conn.fetchrow(Q["jobs.get"], tenant_id, job_id)
         if current is None:
             raise NotFound(f"no job with id {job_id}")
-        ref = await _requeue(conn, tenant_id, job_id, fresh_attempts)
+        ref = await _requeue(conn, tenant_id, job_id, current["kind"], fresh_attempts)
         if ref is None:
             raise Conflict(f"job {job_id} is {current['status']}; only dead, cancelled or "
                            "queued jobs can be retried")
@@ -123,7 +129,7 @@ async def get_dead_letter(
 
 
 async def replay(
-    pool: asyncpg.Pool, tenant_id: int, *, fresh_attempts: int,
+    pool: asyncpg.Pool, tenant_id: int, *, fresh_attempts: AttemptBudget,
     dead_letter_id: int | None = None, flt: DeadLetterFilter | None = None,
     limit: int = MAX_REPLAY_BATCH,
 ) -> list[JobRef]:
@@ -144,7 +150,8 @@ async def replay(
             )
         refs = []
         for target in targets:
-            ref = await _requeue(conn, tenant_id, target["job_id"], fresh_attempts)
+            ref = await _requeue(conn, tenant_id, target["job_id"], target["kind"],
+                                 fresh_attempts)
             await conn.execute(Q["dead_letters.mark_replayed"], tenant_id, target["id"])
             if ref is not None:
                 refs.append(ref)

@@ -18,7 +18,7 @@ import asyncpg
 from pipeline import jobs
 from pipeline.db import Q
 from pipeline.errors import PermanentError
-from pipeline.jobs import JobRef
+from pipeline.jobs import JobRef, RetryPolicy
 from pipeline.tasks import TASKS, Deps, Writer
 
 log = logging.getLogger(__name__)
@@ -28,13 +28,13 @@ class LeaseLost(Exception):
     """Another worker took this job over after our lease expired; our result is discarded."""
 
 
-async def _heartbeat(deps: Deps, job_id: uuid.UUID) -> None:
-    interval_s = max(deps.settings.lease_s / 3, 0.05)
+async def _heartbeat(deps: Deps, job_id: uuid.UUID, lease_s: float) -> None:
+    interval_s = max(lease_s / 3, 0.05)
     while True:
         await asyncio.sleep(interval_s)
         try:
             renewed = await deps.pool.fetchval(
-                Q["jobs.renew_lease"], job_id, deps.worker_id, deps.settings.lease_s
+                Q["jobs.renew_lease"], job_id, deps.worker_id, lease_s
             )
         except Exception as exc:  # noqa: BLE001 - the heartbeat must outlive any failure
             # Not only OSError and PostgresError: while Postgres restarts, asyncpg also raises
@@ -47,18 +47,16 @@ async def _heartbeat(deps: Deps, job_id: uuid.UUID) -> None:
             return
 
 
-async def run_job(job_id: str, deps: Deps) -> str:
+async def run_job(job_id: str, kind: str, deps: Deps) -> str:
     """Run one delivery of a job; returns the outcome: done, retry, dead, skipped or lost."""
+    limits = deps.settings.job_limits(kind)
     job = await deps.pool.fetchrow(
-        Q["jobs.claim"], uuid.UUID(job_id), deps.worker_id, deps.settings.lease_s
+        Q["jobs.claim"], uuid.UUID(job_id), deps.worker_id, limits.lease_s
     )
     if job is None:
         log.info("job %s: not claimable (done, running elsewhere or cancelled), skipped", job_id)
         return "skipped"
     attempt = job["attempts"]
-    await deps.pool.execute(
-        Q["jobs.start_attempt"], job["tenant_id"], job["id"], attempt, deps.worker_id
-    )
     task = TASKS.get(job["kind"])
     if attempt > job["max_attempts"]:
         return await _dead_letter(job, deps, "lost its lease on every attempt", permanent=False)
@@ -66,7 +64,7 @@ async def run_job(job_id: str, deps: Deps) -> str:
         return await _dead_letter(
             job, deps, f"no task for job kind {job['kind']!r}", permanent=True
         )
-    beat = asyncio.create_task(_heartbeat(deps, job["id"]))
+    beat = asyncio.create_task(_heartbeat(deps, job["id"], limits.lease_s))
     try:
         writer = await task(job, deps)
         released = await _complete(job, deps, writer)
@@ -74,7 +72,7 @@ async def run_job(job_id: str, deps: Deps) -> str:
         log.warning("job %s attempt %d: lease lost, result discarded", job_id, attempt)
         return "lost"
     except Exception as exc:  # noqa: BLE001 - every failure is classified; none escapes
-        return await _fail(job, deps, exc)
+        return await _fail(job, deps, exc, RetryPolicy(limits.retry_base_s, limits.retry_max_s))
     finally:
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -88,17 +86,18 @@ async def _complete(job: asyncpg.Record, deps: Deps, writer: Writer) -> list[Job
     async with deps.pool.acquire() as conn, conn.transaction():
         if job["item_id"] is not None:
             await conn.execute(Q["items.lock_for_completion"], job["tenant_id"], job["item_id"])
-        if await conn.fetchval(Q["jobs.complete"], job["id"], deps.worker_id) is None:
+        completed = await conn.fetch(Q["jobs.complete"], job["id"], deps.worker_id)
+        if not completed:
             raise LeaseLost()
         await writer(conn)
-        released = await conn.fetch(Q["jobs.release_dependents"], job["id"])
-        await conn.execute(Q["jobs.finish_attempt"], job["id"], job["attempts"], "done", None, None)
         if job["item_id"] is not None:
             await conn.execute(Q["items.mark_ready_if_done"], job["tenant_id"], job["item_id"])
-    return [JobRef(r["id"], r["kind"], r["attempts"]) for r in released]
+    return [JobRef(r["id"], r["kind"], r["attempts"]) for r in completed if r["id"] is not None]
 
 
-async def _fail(job: asyncpg.Record, deps: Deps, exc: BaseException) -> str:
+async def _fail(
+    job: asyncpg.Record, deps: Deps, exc: BaseException, policy: RetryPolicy
+) -> str:
     attempt = job["attempts"]
     error = f"{type(exc).__name__}: {exc}"
     permanent = isinstance(exc, PermanentError)
@@ -106,7 +105,7 @@ async def _fail(job: asyncpg.Record, deps: Deps, exc: BaseException) -> str:
     if permanent or attempt >= job["max_attempts"]:
         reason = str(exc) if permanent else f"gave up after {attempt} attempts: {error}"
         return await _dead_letter(job, deps, reason, permanent=permanent, exc=exc)
-    delay_s = deps.policy.delay_s(attempt)
+    delay_s = policy.delay_s(attempt)
     async with deps.pool.acquire() as conn, conn.transaction():
         row = await conn.fetchrow(
             Q["jobs.schedule_retry"], job["id"], deps.worker_id, delay_s, error

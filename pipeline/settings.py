@@ -2,16 +2,45 @@
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import platformdirs
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# The job kinds a per-kind override may name (pipeline.jobs.KINDS; repeated here so that the
+# settings import nothing of the pipeline, and checked equal by a test).
+JOB_KINDS = ("regularize", "ocr", "analyze", "summarize", "embed", "extract", "reindex")
 
 
 def _default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("memmill"))
+
+
+class KindOverride(BaseModel):
+    """Per-kind exceptions to the job defaults; a field left out keeps the default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_s: float | None = Field(default=None, gt=0)
+    lease_s: float | None = Field(default=None, gt=0)
+    max_attempts: int | None = Field(default=None, ge=1)
+    retry_base_s: float | None = Field(default=None, ge=0)
+    retry_max_s: float | None = Field(default=None, ge=0)
+
+
+@dataclass(frozen=True)
+class JobLimits:
+    """The resolved limits of one job kind."""
+
+    timeout_s: float
+    lease_s: float
+    max_attempts: int
+    retry_base_s: float
+    retry_max_s: float
 
 
 class Settings(BaseSettings):
@@ -55,12 +84,23 @@ class Settings(BaseSettings):
     retry_base_s: float = Field(default=30.0, ge=0)
     retry_max_s: float = Field(default=3600.0, ge=0)
     max_attempts: int = Field(default=5, ge=1)
+    # Per-kind exceptions, as JSON in MEMMILL_JOB_OVERRIDES (which replaces this default whole):
+    # OCR renders and recognises page after page, and a long document takes a while to split.
+    job_overrides: dict[str, KindOverride] = Field(
+        default_factory=lambda: {
+            "ocr": KindOverride(timeout_s=1800, lease_s=120),
+            "analyze": KindOverride(timeout_s=1200),
+        }
+    )
 
     # Providers
     embedding_provider: str = "local"
     embedding_model: str = "all-MiniLM-L6-v2"
     embedding_dim: int = Field(default=384, ge=1)
     embedding_batch_size: int = Field(default=64, ge=1)
+    # Threads torch may use for the local model; 0 leaves torch's default (one per core).
+    # `memmill up` gives each of its N workers cores/N, so they do not fight over the cores.
+    embedding_threads: int = Field(default=0, ge=0)
     summary_provider: str = "extractive"
     summary_max_chars: int = Field(default=600, ge=50)
 
@@ -75,6 +115,30 @@ class Settings(BaseSettings):
     recency_half_life_days: float = Field(default=30.0, gt=0)
     search_candidates: int = Field(default=100, ge=1, le=1000)
     hnsw_ef_search: int = Field(default=100, ge=1, le=1000)
+
+    @field_validator("job_overrides")
+    @classmethod
+    def _known_kinds(cls, value: dict[str, KindOverride]) -> dict[str, KindOverride]:
+        unknown = sorted(set(value) - set(JOB_KINDS))
+        if unknown:
+            raise ValueError(f"unknown job kinds {unknown}; known: {', '.join(JOB_KINDS)}")
+        return value
+
+    def job_limits(self, kind: str) -> JobLimits:
+        defaults = JobLimits(
+            timeout_s=self.job_timeout_s,
+            lease_s=self.lease_s,
+            max_attempts=self.max_attempts,
+            retry_base_s=self.retry_base_s,
+            retry_max_s=self.retry_max_s,
+        )
+        override = self.job_overrides.get(kind)
+        if override is None:
+            return defaults
+        return dataclasses.replace(defaults, **override.model_dump(exclude_none=True))
+
+    def max_attempts_for(self, kind: str) -> int:
+        return self.job_limits(kind).max_attempts
 
     @property
     def api_url(self) -> str:

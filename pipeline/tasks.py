@@ -16,7 +16,7 @@ from pipeline import jobs
 from pipeline.db import Q
 from pipeline.errors import PermanentError
 from pipeline.items import content_hash
-from pipeline.jobs import Enqueuer, RetryPolicy
+from pipeline.jobs import Enqueuer
 from pipeline.providers.embeddings import Embedder, get_embedder
 from pipeline.settings import Settings
 from pipeline.stages.analyze import split_text
@@ -34,7 +34,6 @@ class Deps:
     settings: Settings
     queue: Enqueuer
     worker_id: str
-    policy: RetryPolicy
     _embedder: Embedder | None = field(default=None, repr=False)
 
     @property

@@ -52,7 +52,7 @@ async def _item_with_probe(pool: asyncpg.Pool, settings: Settings, tenant_id: in
                                       item=items.NewItem(id=item_id, content="Probe me."))
         (probe_row,) = await jobs.create_jobs(
             conn, tenant_id=tenant_id, item_id=item_id, version=1, specs=[JobSpec("probe")],
-            max_attempts=settings.max_attempts)
+            max_attempts=settings.max_attempts_for)
     queue = await create_pool(RedisSettings.from_dsn(settings.redis_url))
     try:
         await jobs.enqueue(pool, queue, jobs.refs_to_enqueue([*result.jobs, probe_row]),

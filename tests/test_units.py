@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
-from pipeline.jobs import RetryPolicy
+from pipeline.jobs import KINDS, RetryPolicy
+from pipeline.settings import JOB_KINDS, JobLimits, Settings
 from pipeline.stages.analyze import split_text
 from pipeline.stages.summarize import summarize
 
@@ -21,6 +23,48 @@ def test_backoff_ceiling_doubles_up_to_the_cap(attempt: int, ceiling_s: float) -
 def test_backoff_has_full_jitter(rand: float, expected_s: float) -> None:
     delay = RetryPolicy(base_s=30, max_s=3600).delay_s(3, rand=lambda: rand)
     assert delay == pytest.approx(expected_s)
+
+
+def test_settings_know_every_job_kind() -> None:
+    assert JOB_KINDS == KINDS
+
+
+def test_job_limits_take_per_kind_overrides_over_the_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MEMMILL_JOB_TIMEOUT_S", "100")
+    monkeypatch.setenv("MEMMILL_MAX_ATTEMPTS", "4")
+    monkeypatch.setenv("MEMMILL_JOB_OVERRIDES", '{"ocr": {"timeout_s": 900, "max_attempts": 2}}')
+    settings = Settings()
+    assert settings.job_limits("ocr") == JobLimits(
+        timeout_s=900, lease_s=60, max_attempts=2, retry_base_s=30, retry_max_s=3600)
+    # The environment replaced the default overrides whole: analyze is back to the defaults.
+    assert settings.job_limits("analyze") == JobLimits(
+        timeout_s=100, lease_s=60, max_attempts=4, retry_base_s=30, retry_max_s=3600)
+    assert settings.max_attempts_for("embed") == 4
+
+
+def test_default_overrides_give_ocr_and_analyze_more_time() -> None:
+    settings = Settings()
+    assert settings.job_limits("ocr").timeout_s > settings.job_timeout_s
+    assert settings.job_limits("analyze").timeout_s > settings.job_timeout_s
+    assert settings.job_limits("embed").timeout_s == settings.job_timeout_s
+
+
+@pytest.mark.parametrize(
+    ("overrides", "complaint"),
+    [
+        ('{"ocrr": {"timeout_s": 5}}', "unknown job kinds ['ocrr']"),
+        ('{"ocr": {"timeout": 5}}', "Extra inputs are not permitted"),
+        ('{"ocr": {"max_attempts": 0}}', "greater than or equal to 1"),
+    ],
+)
+def test_bad_job_overrides_are_refused_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, overrides: str, complaint: str
+) -> None:
+    monkeypatch.setenv("MEMMILL_JOB_OVERRIDES", overrides)
+    with pytest.raises(ValidationError, match=complaint.replace("[", r"\[")):
+        Settings()
 
 
 def test_short_text_is_one_part() -> None:

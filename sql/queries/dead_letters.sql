@@ -26,7 +26,7 @@ FROM job_attempts WHERE tenant_id = $1 AND job_id = $2 ORDER BY attempt;
 
 -- Not yet replayed dead letters matching a filter, oldest first, locked for the replay.
 -- name: select_for_replay
-SELECT id, job_id FROM dead_letters
+SELECT id, job_id, kind FROM dead_letters
 WHERE tenant_id = $1 AND replayed_at IS NULL
   AND ($2::text IS NULL OR kind = $2)
   AND ($3::text IS NULL OR item_id = $3)

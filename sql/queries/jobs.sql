@@ -16,19 +16,26 @@ SELECT attempt, worker_id, started_at, finished_at, outcome, error, retry_delay_
 FROM job_attempts WHERE tenant_id = $1 AND job_id = $2 ORDER BY attempt;
 
 -- A queued job, or a running one whose lease has expired, is taken; anything else is left
--- alone, so a duplicate delivery of the same job does nothing.
+-- alone, so a duplicate delivery of the same job does nothing. One statement also opens the
+-- attempt row and, on a takeover, closes the attempt of the worker that lost the lease.
 -- name: claim
-UPDATE jobs
-SET status = 'running', attempts = attempts + 1, worker_id = $2,
-    lease_until = now() + make_interval(secs => $3), started_at = now(), updated_at = now()
-WHERE id = $1
-  AND (status = 'queued' OR (status = 'running' AND lease_until < now()))
-RETURNING *;
-
--- name: start_attempt
-INSERT INTO job_attempts (tenant_id, job_id, attempt, worker_id) VALUES ($1, $2, $3, $4)
-ON CONFLICT (job_id, attempt) DO UPDATE
-SET worker_id = EXCLUDED.worker_id, started_at = now(), finished_at = NULL, outcome = NULL;
+WITH claimed AS (
+    UPDATE jobs
+    SET status = 'running', attempts = attempts + 1, worker_id = $2,
+        lease_until = now() + make_interval(secs => $3), started_at = now(), updated_at = now()
+    WHERE id = $1
+      AND (status = 'queued' OR (status = 'running' AND lease_until < now()))
+    RETURNING *
+), closed AS (
+    UPDATE job_attempts SET finished_at = now(), outcome = 'lost', error = 'lease expired'
+    WHERE job_id = $1 AND finished_at IS NULL AND EXISTS (SELECT 1 FROM claimed)
+), opened AS (
+    INSERT INTO job_attempts (tenant_id, job_id, attempt, worker_id)
+    SELECT tenant_id, id, attempts, $2 FROM claimed
+    ON CONFLICT (job_id, attempt) DO UPDATE
+    SET worker_id = EXCLUDED.worker_id, started_at = now(), finished_at = NULL, outcome = NULL
+)
+SELECT * FROM claimed;
 
 -- name: finish_attempt
 UPDATE job_attempts SET finished_at = now(), outcome = $3, error = $4, traceback = $5
@@ -39,15 +46,22 @@ UPDATE jobs SET lease_until = now() + make_interval(secs => $3), updated_at = no
 WHERE id = $1 AND worker_id = $2 AND status = 'running'
 RETURNING id;
 
+-- Marks the job done, closes its attempt and releases the jobs waiting on it, in one round
+-- trip. No row means the lease was lost; one row with a null dependent id means none waited.
 -- name: complete
-UPDATE jobs SET status = 'done', finished_at = now(), lease_until = NULL, updated_at = now()
-WHERE id = $1 AND worker_id = $2 AND status = 'running'
-RETURNING id;
-
--- name: release_dependents
-UPDATE jobs SET status = 'queued', run_after = now(), updated_at = now()
-WHERE depends_on = $1 AND status = 'waiting'
-RETURNING id, kind, attempts;
+WITH done AS (
+    UPDATE jobs SET status = 'done', finished_at = now(), lease_until = NULL, updated_at = now()
+    WHERE id = $1 AND worker_id = $2 AND status = 'running'
+    RETURNING id, attempts
+), finished AS (
+    UPDATE job_attempts SET finished_at = now(), outcome = 'done'
+    FROM done WHERE job_attempts.job_id = done.id AND job_attempts.attempt = done.attempts
+), released AS (
+    UPDATE jobs SET status = 'queued', run_after = now(), updated_at = now()
+    FROM done WHERE jobs.depends_on = done.id AND jobs.status = 'waiting'
+    RETURNING jobs.id, jobs.kind, jobs.attempts
+)
+SELECT r.id, r.kind, r.attempts FROM done LEFT JOIN released r ON true;
 
 -- name: schedule_retry
 UPDATE jobs
