@@ -62,5 +62,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     for module in (health, items, jobs, dead_letters, search):
         app.include_router(module.router)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    bulk = {path: settings.max_bulk_request_bytes for path in items.BULK_PATHS}
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes, larger=bulk)
     return app

@@ -17,10 +17,78 @@ class Strict(BaseModel):
 
 
 class ItemCreate(Strict):
+    """Text in `content`, or a URL in `uri` that a job fetches; never both."""
+
     id: StrictStr
-    content: StrictStr
+    content: StrictStr | None = None
+    uri: StrictStr | None = None
     title: StrictStr | None = None
     tags: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+
+
+class ItemBatch(Strict):
+    # Entries stay loose here and are validated one by one, so one bad entry is reported by
+    # its index instead of refusing the other 999.
+    items: list[Any]
+
+
+class BatchAccepted(BaseModel):
+    index: int
+    id: str
+    change: Literal["created", "content", "metadata", "unchanged"]
+    version: int
+    jobs: list[UUID]
+
+
+class BatchRefused(BaseModel):
+    index: int
+    id: str | None
+    status: int
+    error: str
+
+
+class BatchResult(BaseModel):
+    accepted: list[BatchAccepted]
+    refused: list[BatchRefused]
+
+
+class ItemLookup(Strict):
+    ids: list[StrictStr] = Field(max_length=1000)
+
+
+class ItemState(BaseModel):
+    id: str
+    version: int
+    content_hash: str
+    title: str | None
+    tags: dict[str, str]
+    status: str
+    error: str | None
+
+
+class ItemStates(BaseModel):
+    items: list[ItemState]
+    missing: list[str]
+
+
+class ItemVersionPublic(BaseModel):
+    offset: int
+    version: int
+    kind: str
+    uri: str | None
+    title: str | None
+    summary: str | None
+    tags: dict[str, str]
+    content_hash: str
+    created_at: datetime
+    archived_at: datetime | None
+
+
+class ItemDeleted(BaseModel):
+    id: str
+    outcome: Literal["reverted", "deleted"]
+    version: int | None
+    jobs: list[JobBrief] = Field(default_factory=list)
 
 
 class JobBrief(BaseModel):

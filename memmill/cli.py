@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -221,15 +222,66 @@ def _wait_ready(client: Client, item_id: str, timeout_s: float = 600) -> dict[st
     return item
 
 
+_VERSIONED = re.compile(r"^(?P<id>.+)@V(?P<offset>\d+)$")
+
+
+def split_version(item_id: str) -> tuple[str, int]:
+    """`notes/a@V1` is the previous version of `notes/a`; offsets count back from 0."""
+    match = _VERSIONED.match(item_id)
+    return (match["id"], int(match["offset"])) if match else (item_id, 0)
+
+
 @app.command()
-def get(item_id: str, url: UrlOpt = None, key: KeyOpt = None) -> None:
+def get(
+    item_id: Annotated[str, typer.Argument(help="Item id; id@V1 for the previous version.")],
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+) -> None:
     """Show an item: status, summary, tags, version and its jobs."""
+    plain_id, offset = split_version(item_id)
     with make_client(url, key) as client:
         try:
-            item = client.get(item_id)
+            item = client.get(plain_id, offset)
         except ApiError as exc:
             raise _fail(exc) from None
     console.print_json(json.dumps(item))
+
+
+@app.command()
+def versions(item_id: str, url: UrlOpt = None, key: KeyOpt = None) -> None:
+    """List an item's versions, newest first, with the offset that id@V{N} takes."""
+    with make_client(url, key) as client:
+        try:
+            rows = client.versions(item_id)
+        except ApiError as exc:
+            raise _fail(exc) from None
+    table = Table("offset", "version", "title", "tags", "content", "created", "archived")
+    for r in rows:
+        table.add_row(
+            f"@V{r['offset']}", str(r["version"]), escape(r["title"] or ""),
+            escape(", ".join(f"{k}={v}" for k, v in r["tags"].items())),
+            r["content_hash"][:12], r["created_at"][:19], (r["archived_at"] or "")[:19],
+        )
+    console.print(table)
+
+
+@app.command()
+def delete(
+    item_id: str,
+    purge: Annotated[bool, typer.Option("--purge", help="Delete every version.")] = False,
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+) -> None:
+    """Revert an item to its previous version, or delete it when it has none (or --purge)."""
+    with make_client(url, key) as client:
+        try:
+            answer = client.delete(item_id, purge=purge)
+        except ApiError as exc:
+            raise _fail(exc) from None
+    if answer["outcome"] == "deleted":
+        console.print(f"{answer['id']}  deleted")
+    else:
+        console.print(f"{answer['id']}  reverted to v{answer['version']}")
 
 
 @app.command()
@@ -266,6 +318,60 @@ def search(
             snippet,
         )
     console.print(table)
+
+
+@app.command()
+def ingest(
+    paths: Annotated[
+        list[Path] | None,
+        typer.Argument(help="Files and folders (recursive), or .jsonl dumps of entries."),
+    ] = None,
+    urls: Annotated[
+        Path | None, typer.Option("--urls", help="A file with one URL per line.")
+    ] = None,
+    prefix: Annotated[str, typer.Option(help="Put before every item id.")] = "",
+    tag: Annotated[list[str], typer.Option("--tag", help="key=value, repeatable.")] = [],  # noqa: B006
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Follow the jobs until every item is processed.")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds --wait waits at most.")] = 3600,
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+) -> None:
+    """Ingest files, folders, URL lists and JSONL dumps; only what changed is sent again.
+
+    A file's id is its path relative to the folder given (or its name), so a second run of
+    the same command addresses the same items. Hidden files, credentials (.env, *.pem, SSH
+    keys) and build junk are skipped. Exits 1 if anything failed, each failure with its reason.
+    """
+    from memmill.ingest import Ingest, Tally, failures_table, read_urls, summary_table, walk
+
+    if not paths and urls is None:
+        err.print("[red]error:[/] give files or folders to ingest, or --urls FILE")
+        raise typer.Exit(2)
+    tags = _parse_tags(tag)
+    settings = _settings()
+    tally = Tally()
+    works = list(walk(paths or [], prefix, settings.max_upload_bytes, tally))
+    if urls is not None:
+        if not urls.is_file():
+            err.print(f"[red]error:[/] no such file: {urls}")
+            raise typer.Exit(2)
+        works += list(read_urls(urls, prefix, tally))
+    with make_client(url, key) as client:
+        run = Ingest(client, tags, err)
+        run.tally = tally
+        try:
+            run.run(works, wait=wait, timeout_s=timeout)
+        except ApiError as exc:
+            raise _fail(exc) from None
+    console.print(summary_table(tally, waited=wait))
+    if tally.failures:
+        console.print(failures_table(tally))
+        raise typer.Exit(1)
+    if wait and tally.pending:
+        err.print(f"[yellow]{len(tally.pending)} items still pending after {timeout:.0f}s[/]")
+        raise typer.Exit(1)
 
 
 app.add_typer(jobs_app, name="jobs")

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
+
+
+def _quote(item_id: str) -> str:
+    return httpx.URL(path=item_id).raw_path.decode()
 
 
 class ApiError(Exception):
@@ -41,8 +46,30 @@ class Client:
     def put(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/items", json=body)
 
-    def get(self, item_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/items/{httpx.URL(path=item_id).raw_path.decode()}")
+    def get(self, item_id: str, version: int = 0) -> dict[str, Any]:
+        params = {"version": version} if version else None
+        return self._call("GET", f"/v1/items/{_quote(item_id)}", params=params)
+
+    def versions(self, item_id: str) -> list[dict[str, Any]]:
+        return self._call("GET", f"/v1/items/{_quote(item_id)}/versions")
+
+    def delete(self, item_id: str, *, purge: bool = False) -> dict[str, Any]:
+        params = {"purge": "true"} if purge else None
+        return self._call("DELETE", f"/v1/items/{_quote(item_id)}", params=params)
+
+    def batch(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        return self._call("POST", "/v1/items/batch", json={"items": entries})
+
+    def upload(
+        self, files: list[tuple[str, bytes]], *, tags: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """Each file as (item id, bytes); the id travels as the part's file name."""
+        data = {"tags": json.dumps(tags)} if tags else None
+        parts = [("file", (name, content, "application/octet-stream")) for name, content in files]
+        return self._call("POST", "/v1/items/upload", files=parts, data=data)
+
+    def lookup(self, ids: list[str]) -> dict[str, Any]:
+        return self._call("POST", "/v1/items/lookup", json={"ids": ids})
 
     def job(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{job_id}")

@@ -18,6 +18,7 @@ from pipeline import jobs
 from pipeline.db import Q
 from pipeline.errors import BadInput, NotFound, PayloadTooLarge
 from pipeline.settings import Settings
+from pipeline.stages.fetch import check_url, fetch_policy
 
 MAX_TAG_KEY_CHARS = 128
 MAX_TAG_VALUE_CHARS = 1024
@@ -26,13 +27,30 @@ MAX_TITLE_CHARS = 1000
 
 @dataclass(frozen=True)
 class NewItem:
+    """One item to store: exactly one of `content` (text), `data` (a file's bytes) or `uri` (a
+    URL the regularize job fetches). Text is indexed as given; files and URLs go through
+    regularize first, which extracts their text and metadata."""
+
     id: str
-    content: str
+    content: str | None = None
     title: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
-    kind: str = "text"
+    data: bytes | None = None
     uri: str | None = None
-    media_type: str = "text/plain"
+    media_type: str | None = None
+    filename: str | None = None
+
+    @property
+    def needs_regularize(self) -> bool:
+        return self.content is None
+
+    @property
+    def content_hash(self) -> str:
+        if self.content is not None:
+            return content_hash(self.content)
+        if self.data is not None:
+            return hashlib.sha256(self.data).hexdigest()
+        return content_hash(f"uri\n{self.uri}")
 
 
 @dataclass(frozen=True)
@@ -81,19 +99,46 @@ def check_new_item(item: NewItem, settings: Settings) -> None:
     """Every rule a new item must pass, checked before anything is written."""
     check_id(item.id, settings)
     check_tags(item.tags, settings)
-    if not item.content.strip():
-        raise BadInput("content must not be empty")
-    size = _utf8_size(item.content, "content")
-    if size > settings.max_content_bytes:
-        raise PayloadTooLarge(
-            f"content is {size} bytes, over the limit of {settings.max_content_bytes} bytes"
-        )
+    given = [name for name in ("content", "data", "uri") if getattr(item, name) is not None]
+    if len(given) != 1:
+        raise BadInput("give exactly one of content (text), a file, or uri (a URL to fetch)")
+    if item.content is not None:
+        _check_text_content(item.content, settings)
+    if item.data is not None:
+        if not item.data:
+            raise BadInput(f"file {item.filename or item.id!r} is empty")
+        if len(item.data) > settings.max_upload_bytes:
+            raise PayloadTooLarge(
+                f"file {item.filename or item.id!r} is {len(item.data)} bytes, over the limit"
+                f" of {settings.max_upload_bytes} bytes (MEMMILL_MAX_UPLOAD_BYTES)"
+            )
+    if item.uri is not None:
+        check_url(item.uri, fetch_policy(settings))
     if item.title is not None and (len(item.title) > MAX_TITLE_CHARS or "\x00" in item.title):
         raise BadInput(f"title must be at most {MAX_TITLE_CHARS} characters without NUL")
     if item.title is not None:
         _utf8_size(item.title, "title")
-    if "\x00" in item.content:
+
+
+def _check_text_content(content: str, settings: Settings) -> None:
+    if not content.strip():
+        raise BadInput("content must not be empty")
+    size = _utf8_size(content, "content")
+    if size > settings.max_content_bytes:
+        raise PayloadTooLarge(
+            f"content is {size} bytes, over the limit of {settings.max_content_bytes} bytes"
+        )
+    if "\x00" in content:
         raise BadInput("content must not contain NUL characters")
+
+
+def caller_tags(tags: dict[str, str]) -> dict[str, str]:
+    """The tags a caller set; system tags (`_` first) come from extraction and are kept apart."""
+    return {k: v for k, v in tags.items() if not k.startswith("_")}
+
+
+def system_tags(tags: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in tags.items() if k.startswith("_")}
 
 
 def content_hash(text: str) -> str:
@@ -105,16 +150,10 @@ async def put_item(
 ) -> PutResult:
     """Write one item in the caller's transaction; the caller enqueues after commit."""
     check_new_item(item, settings)
-    digest = content_hash(item.content)
+    digest = item.content_hash
+    kind = "text" if item.content is not None else "document"
     row = await conn.fetchrow(
-        Q["items.insert_item"],
-        tenant_id,
-        item.id,
-        item.kind,
-        item.uri,
-        item.title,
-        item.tags,
-        digest,
+        Q["items.insert_item"], tenant_id, item.id, kind, item.uri, item.title, item.tags, digest
     )
     if row is not None:
         change = "created"
@@ -122,57 +161,73 @@ async def put_item(
         current = await conn.fetchrow(Q["items.lock_item"], tenant_id, item.id)
         if current["content_hash"] != digest:
             change = "content"
-        elif current["tags"] != item.tags or current["title"] != item.title:
+        elif caller_tags(current["tags"]) != item.tags or (
+            item.title is not None and current["title"] != item.title
+        ):
+            # No title given means no opinion: a title extraction found is not a change.
             change = "metadata"
         else:
             return PutResult(item=dict(current), jobs=[], change="unchanged")
         await conn.execute(Q["items.archive_item"], tenant_id, item.id)
         if change == "content":
             await conn.execute(Q["jobs.cancel_superseded"], tenant_id, item.id)
-        status = "pending" if change == "content" else current["status"]
+            status, tags, title = "pending", item.tags, item.title
+        else:
+            # Same content: what extraction found still holds, and so do its kind and title.
+            status, kind = current["status"], current["kind"]
+            tags = {**item.tags, **system_tags(current["tags"])}
+            title = item.title if item.title is not None else current["title"]
         row = await conn.fetchrow(
             Q["items.bump_item_version"],
-            tenant_id,
-            item.id,
-            item.kind,
-            item.uri,
-            item.title,
-            item.tags,
-            digest,
-            status,
+            tenant_id, item.id, kind, item.uri, title, tags, digest, status,
         )
         if change == "metadata":
             await conn.execute(
-                Q["items.insert_source"],
-                tenant_id,
-                item.id,
-                row["version"],
-                item.media_type,
-                item.content,
-                None,
-                len(item.content.encode()),
+                Q["items.copy_source"], tenant_id, item.id, current["version"], row["version"]
             )
-            return PutResult(item=dict(row), jobs=[], change=change)
+            created = await _metadata_jobs(conn, tenant_id, row, settings)
+            return PutResult(item=dict(row), jobs=created, change=change)
     version = row["version"]
-    await conn.execute(
-        Q["items.insert_source"],
-        tenant_id,
-        item.id,
-        version,
-        item.media_type,
-        item.content,
-        None,
-        len(item.content.encode()),
-    )
+    await _insert_source(conn, tenant_id, version, item, digest)
     created = await jobs.create_jobs(
         conn,
         tenant_id=tenant_id,
         item_id=item.id,
         version=version,
-        specs=jobs.TEXT_PIPELINE,
+        specs=jobs.DOCUMENT_PIPELINE if item.needs_regularize else jobs.TEXT_PIPELINE,
         max_attempts=settings.max_attempts_for,
     )
     return PutResult(item=dict(row), jobs=created, change=change)
+
+
+async def _insert_source(
+    conn: asyncpg.Connection, tenant_id: int, version: int, item: NewItem, digest: str
+) -> None:
+    if item.content is not None:
+        media_type, size, text_hash = "text/plain", len(item.content.encode()), digest
+    else:
+        media_type = item.media_type or "application/octet-stream"
+        size, text_hash = len(item.data or b""), None
+    meta = {k: v for k, v in (("filename", item.filename), ("uri", item.uri)) if v}
+    await conn.execute(
+        Q["items.insert_source"],
+        tenant_id, item.id, version, media_type, item.content, item.data, size, digest,
+        text_hash, meta,
+    )
+
+
+async def _metadata_jobs(
+    conn: asyncpg.Connection, tenant_id: int, row: asyncpg.Record, settings: Settings
+) -> list[dict[str, Any]]:
+    """A summary written with related items as context depends on the tags: re-queue it (the
+    old summary stays until the new one is written). The local summarizer reads the text only,
+    so with it a change of tags costs nothing."""
+    if settings.summary_provider == "extractive" or row["status"] != "ready":
+        return []
+    return await jobs.create_jobs(
+        conn, tenant_id=tenant_id, item_id=row["id"], version=row["version"],
+        specs=(jobs.JobSpec(jobs.SUMMARIZE),), max_attempts=settings.max_attempts_for,
+    )
 
 
 async def get_item(conn: asyncpg.Connection | asyncpg.Pool, tenant_id: int, item_id: str) -> dict:

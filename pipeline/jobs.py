@@ -80,6 +80,15 @@ class JobRef:
 
 
 TEXT_PIPELINE = (JobSpec(ANALYZE), JobSpec(SUMMARIZE), JobSpec(EMBED, after=ANALYZE))
+# Files and URLs: regularize extracts the text first (and adds an OCR job when pages are scans).
+DOCUMENT_PIPELINE = (
+    JobSpec(REGULARIZE),
+    JobSpec(ANALYZE, after=REGULARIZE),
+    JobSpec(SUMMARIZE, after=REGULARIZE),
+    JobSpec(EMBED, after=ANALYZE),
+)
+# After OCR replaced the placeholder text: split, summarize and embed again.
+REPROCESS_PIPELINE = TEXT_PIPELINE
 
 
 async def create_jobs(

@@ -89,10 +89,11 @@ async def _complete(job: asyncpg.Record, deps: Deps, writer: Writer) -> list[Job
         completed = await conn.fetch(Q["jobs.complete"], job["id"], deps.worker_id)
         if not completed:
             raise LeaseLost()
-        await writer(conn)
+        follow_ups = await writer(conn) or []
         if job["item_id"] is not None:
             await conn.execute(Q["items.mark_ready_if_done"], job["tenant_id"], job["item_id"])
-    return [JobRef(r["id"], r["kind"], r["attempts"]) for r in completed if r["id"] is not None]
+    released = [JobRef(r["id"], r["kind"], r["attempts"]) for r in completed if r["id"] is not None]
+    return released + follow_ups
 
 
 async def _fail(
@@ -105,7 +106,8 @@ async def _fail(
     if permanent or attempt >= job["max_attempts"]:
         reason = str(exc) if permanent else f"gave up after {attempt} attempts: {error}"
         return await _dead_letter(job, deps, reason, permanent=permanent, exc=exc)
-    delay_s = policy.delay_s(attempt)
+    # A server that said when to come back (Retry-After) is not asked again sooner.
+    delay_s = max(policy.delay_s(attempt), getattr(exc, "retry_after_s", None) or 0.0)
     async with deps.pool.acquire() as conn, conn.transaction():
         row = await conn.fetchrow(
             Q["jobs.schedule_retry"], job["id"], deps.worker_id, delay_s, error

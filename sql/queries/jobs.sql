@@ -76,9 +76,15 @@ SET status = 'dead', last_error = $3, finished_at = now(), lease_until = NULL, u
 WHERE id = $1 AND (worker_id = $2 OR $2 IS NULL) AND status IN ('running', 'queued')
 RETURNING *;
 
+-- Everything downstream, not only the direct dependents: regularize -> analyze -> embed.
 -- name: cancel_dependents
+WITH RECURSIVE downstream AS (
+    SELECT id FROM jobs WHERE depends_on = $1 AND status = 'waiting'
+    UNION
+    SELECT j.id FROM jobs j JOIN downstream d ON j.depends_on = d.id WHERE j.status = 'waiting'
+)
 UPDATE jobs SET status = 'cancelled', finished_at = now(), updated_at = now()
-WHERE depends_on = $1 AND status = 'waiting';
+WHERE id IN (SELECT id FROM downstream);
 
 -- name: insert_dead_letter
 INSERT INTO dead_letters (tenant_id, job_id, kind, item_id, payload, reason, permanent, attempts)
@@ -156,8 +162,13 @@ WHERE tenant_id = $1 AND id = $2 AND status IN ('dead', 'cancelled', 'queued')
 RETURNING *;
 
 -- name: restore_dependents
+WITH RECURSIVE downstream AS (
+    SELECT id FROM jobs WHERE depends_on = $1 AND status = 'cancelled'
+    UNION
+    SELECT j.id FROM jobs j JOIN downstream d ON j.depends_on = d.id WHERE j.status = 'cancelled'
+)
 UPDATE jobs SET status = 'waiting', finished_at = NULL, updated_at = now()
-WHERE depends_on = $1 AND status = 'cancelled';
+WHERE id IN (SELECT id FROM downstream);
 
 -- name: cancel
 UPDATE jobs SET status = 'cancelled', finished_at = now(), lease_until = NULL, updated_at = now()

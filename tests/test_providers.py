@@ -1,0 +1,766 @@
+"""The HTTP providers against a real local server that speaks each provider's wire format
+(OpenAI-compatible, Anthropic, Ollama), with a fault script per test: rate limits with
+Retry-After, 5xx, bad keys, malformed answers, vectors of the wrong dimension, slow answers.
+No mock of httpx: every request goes over a loopback socket to uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import random
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from typing import Any
+
+import numpy as np
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from pipeline.errors import PermanentError, TransientError
+from pipeline.providers import chat, embeddings
+from pipeline.providers.chat import (
+    AnthropicSummarizer,
+    ExtractiveSummarizer,
+    OllamaSummarizer,
+    OpenAIChatSummarizer,
+    build_prompt,
+    clip,
+    get_summarizer,
+)
+from pipeline.providers.embeddings import (
+    LocalEmbedder,
+    OllamaEmbedder,
+    OpenAIEmbedder,
+    QueryCache,
+    get_embedder,
+)
+from pipeline.providers.http import parse_retry_after
+from pipeline.settings import Settings
+from pipeline.stages.summarize import summarize as extractive_summarize
+
+DIM = 8
+KEY = "sk-test-0123456789"
+ANSWER = "  The report covers Acme's third quarter: revenue rose 12% on strong widget sales.\n"
+DOCUMENT = (
+    "Acme Corporation published its third quarter report. Revenue rose twelve percent, "
+    "driven by widget sales in Europe. The board approved a new factory in Lyon."
+)
+
+
+def fake_vector(text: str, dim: int = DIM) -> list[float]:
+    """Deterministic, not normalized (so the client's normalization shows)."""
+    seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+    return [round(float(x) * 3, 6) for x in np.random.default_rng(seed).standard_normal(dim)]
+
+
+def unit(values: list[float]) -> np.ndarray:
+    v = np.asarray(values, dtype=np.float32)
+    return v / np.linalg.norm(v)
+
+
+# ----------------------------------------------------------------------------- the fake server
+
+
+@dataclass
+class Fault:
+    kind: str  # "status", "malformed", "json", "wrong_dim", "slow", "answer"
+    times: int | None = 1  # None: forever
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    body: Any = None
+    delay_s: float = 0.0
+
+
+@dataclass
+class Seen:
+    path: str
+    headers: dict[str, str]
+    body: Any
+    at: float
+
+
+class FakeProviders:
+    """The server's state: a fault script consumed one request at a time, what it received,
+    and how many requests it was answering at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.faults: deque[Fault] = deque()
+        self.requests: list[Seen] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.delay_s = 0.0
+        self.url = ""
+
+    def reset(self) -> None:
+        deadline = time.monotonic() + 3
+        while self.in_flight and time.monotonic() < deadline:  # slow answers of a past test
+            time.sleep(0.02)
+        with self.lock:
+            self.faults.clear()
+            self.requests.clear()
+            self.max_in_flight = self.in_flight
+            self.delay_s = 0.0
+
+    def script(self, kind: str = "status", *, times: int | None = 1, **kwargs: Any) -> None:
+        with self.lock:
+            self.faults.append(Fault(kind, times, **kwargs))
+
+    def take(self, seen: Seen) -> Fault | None:
+        with self.lock:
+            self.requests.append(seen)
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            if not self.faults:
+                return None
+            fault = self.faults[0]
+            if fault.times is not None:
+                fault.times -= 1
+                if fault.times <= 0:
+                    self.faults.popleft()
+            return fault
+
+    def done(self) -> None:
+        with self.lock:
+            self.in_flight -= 1
+
+    def paths(self) -> list[str]:
+        return [r.path for r in self.requests]
+
+
+def _error_body(path: str, status: int, message: str) -> Any:
+    if path == "/v1/messages":
+        kinds = {401: "authentication_error", 429: "rate_limit_error", 529: "overloaded_error"}
+        return {"type": "error", "error": {"type": kinds.get(status, "api_error"),
+                                           "message": message}}
+    if path.startswith("/api/"):
+        return {"error": message}
+    return {"error": {"message": message, "type": "invalid_request_error", "code": None}}
+
+
+def _openai_key_error(headers: Any) -> Response | None:
+    auth = headers.get("authorization", "")
+    if auth == f"Bearer {KEY}":
+        return None
+    given = auth.removeprefix("Bearer ")
+    return JSONResponse(
+        {"error": {"message": f"Incorrect API key provided: {given}.",
+                   "type": "invalid_request_error", "code": "invalid_api_key"}},
+        status_code=401,
+    )
+
+
+def build_app(state: FakeProviders) -> FastAPI:
+    app = FastAPI()
+
+    async def serve(request: Request, answer: Callable[[Any, Any, Fault | None], Response]):
+        body = await request.json()
+        path = request.url.path
+        fault = state.take(Seen(path, dict(request.headers), body, time.monotonic()))
+        try:
+            delay = fault.delay_s if fault and fault.kind == "slow" else state.delay_s
+            if delay:
+                await asyncio.sleep(delay)
+            if fault and fault.kind == "status":
+                content = fault.body or _error_body(path, fault.status, "scripted failure")
+                return JSONResponse(content, status_code=fault.status, headers=fault.headers)
+            if fault and fault.kind == "malformed":
+                return Response('{"choices": [{"message": {"content": "cut sh',
+                                media_type="application/json")
+            if fault and fault.kind == "json":
+                return JSONResponse(fault.body)
+            return answer(body, request.headers, fault)
+        finally:
+            state.done()
+
+    def text_of(fault: Fault | None) -> str:
+        return fault.body if fault and fault.kind == "answer" else ANSWER
+
+    def dim_of(fault: Fault | None) -> int:
+        return DIM + 1 if fault and fault.kind == "wrong_dim" else DIM
+
+    @app.post("/v1/chat/completions")
+    async def openai_chat(request: Request) -> Response:
+        def answer(body: Any, headers: Any, fault: Fault | None) -> Response:
+            refused = _openai_key_error(headers)
+            if refused:
+                return refused
+            return JSONResponse({
+                "id": "chatcmpl-1", "object": "chat.completion", "created": 1,
+                "model": body["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant",
+                                                     "content": text_of(fault)},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 50, "completion_tokens": 20, "total_tokens": 70},
+            })
+
+        return await serve(request, answer)
+
+    @app.post("/v1/messages")
+    async def anthropic_messages(request: Request) -> Response:
+        def answer(body: Any, headers: Any, fault: Fault | None) -> Response:
+            if headers.get("x-api-key") != KEY or headers.get("anthropic-version") is None:
+                return JSONResponse(
+                    {"type": "error", "error": {"type": "authentication_error",
+                                                "message": "invalid x-api-key"}},
+                    status_code=401,
+                )
+            return JSONResponse({
+                "id": "msg_1", "type": "message", "role": "assistant", "model": body["model"],
+                "content": [
+                    {"type": "thinking", "thinking": "Let me see.", "signature": "c2ln"},
+                    {"type": "text", "text": text_of(fault)},
+                ],
+                "stop_reason": "end_turn", "stop_sequence": None,
+                "usage": {"input_tokens": 50, "output_tokens": 20},
+            })
+
+        return await serve(request, answer)
+
+    @app.post("/api/chat")
+    async def ollama_chat(request: Request) -> Response:
+        def answer(body: Any, headers: Any, fault: Fault | None) -> Response:
+            return JSONResponse({
+                "model": body["model"], "created_at": "2024-01-01T00:00:00Z",
+                "message": {"role": "assistant", "content": text_of(fault)},
+                "done": True, "done_reason": "stop",
+            })
+
+        return await serve(request, answer)
+
+    @app.post("/v1/embeddings")
+    async def openai_embeddings(request: Request) -> Response:
+        def answer(body: Any, headers: Any, fault: Fault | None) -> Response:
+            refused = _openai_key_error(headers)
+            if refused:
+                return refused
+            data = [{"object": "embedding", "index": i, "embedding": fake_vector(t, dim_of(fault))}
+                    for i, t in enumerate(body["input"])]
+            order = list(range(len(data)))
+            random.Random(len(data)).shuffle(order)
+            if len(order) > 1 and order == sorted(order):
+                order.reverse()
+            return JSONResponse({"object": "list", "data": [data[i] for i in order],
+                                 "model": body["model"],
+                                 "usage": {"prompt_tokens": 5, "total_tokens": 5}})
+
+        return await serve(request, answer)
+
+    @app.post("/api/embed")
+    async def ollama_embed(request: Request) -> Response:
+        def answer(body: Any, headers: Any, fault: Fault | None) -> Response:
+            return JSONResponse({"model": body["model"],
+                                 "embeddings": [fake_vector(t, dim_of(fault))
+                                                for t in body["input"]]})
+
+        return await serve(request, answer)
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeProviders]:
+    """uvicorn on a loopback port, in a thread of its own with its own event loop."""
+    state = FakeProviders()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    state.url = f"http://127.0.0.1:{port}"
+    uv = uvicorn.Server(uvicorn.Config(build_app(state), log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not uv.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "fake server did not start"
+        time.sleep(0.02)
+    yield state
+    uv.should_exit = True
+    thread.join(timeout=5)
+    sock.close()
+
+
+@pytest.fixture
+def fake(server: FakeProviders) -> FakeProviders:
+    server.reset()
+    return server
+
+
+def make_settings(fake: FakeProviders, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "summary_provider": "openai",
+        "summary_model": "gpt-x",
+        "summary_base_url": f"{fake.url}/v1",
+        "summary_api_key": KEY,
+        "embedding_provider": "openai",
+        "embedding_model": "embed-x",
+        "embedding_base_url": f"{fake.url}/v1",
+        "embedding_api_key": KEY,
+        "embedding_dim": DIM,
+        "provider_timeout_s": 5,
+        "provider_concurrency": 4,
+        "provider_rate_per_s": 1000,
+        "provider_retries": 4,
+        "provider_retry_max_wait_s": 0.05,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture
+async def made() -> AsyncIterator[list[Any]]:
+    """Providers made by a test, whose connections are closed after it."""
+    providers: list[Any] = []
+    yield providers
+    for provider in providers:
+        await provider.client.aclose()
+
+
+@pytest.fixture
+def openai_chat(fake: FakeProviders, made: list[Any]) -> Callable[..., OpenAIChatSummarizer]:
+    def build(**overrides: Any) -> OpenAIChatSummarizer:
+        provider = OpenAIChatSummarizer(make_settings(fake, **overrides))
+        made.append(provider)
+        return provider
+
+    return build
+
+
+@pytest.fixture
+def openai_embedder(fake: FakeProviders, made: list[Any]) -> Callable[..., OpenAIEmbedder]:
+    def build(**overrides: Any) -> OpenAIEmbedder:
+        provider = OpenAIEmbedder(make_settings(fake, **overrides))
+        made.append(provider)
+        return provider
+
+    return build
+
+
+# ----------------------------------------------------------------------------- summarizers
+
+
+async def test_extractive_summarizer_needs_no_network(fake: FakeProviders) -> None:
+    summarizer = get_summarizer(Settings(summary_provider="extractive", summary_max_chars=80))
+    assert isinstance(summarizer, ExtractiveSummarizer)
+    assert summarizer.name == "extractive"
+    got = await summarizer.summarize(DOCUMENT, context=["something else entirely"])
+    assert got == extractive_summarize(DOCUMENT, max_chars=80)
+    assert fake.requests == []
+
+
+async def test_openai_chat_summary_and_wire_format(
+    fake: FakeProviders, openai_chat: Callable[..., OpenAIChatSummarizer]
+) -> None:
+    summarizer = openai_chat()
+    related = ["Acme's second quarter report showed flat revenue.", "Lyon factory plans."]
+    got = await summarizer.summarize(DOCUMENT, context=related)
+
+    assert got == ANSWER.strip()
+    assert summarizer.name == "openai:gpt-x"
+    (seen,) = fake.requests
+    assert seen.path == "/v1/chat/completions"
+    assert seen.headers["authorization"] == f"Bearer {KEY}"
+    body = seen.body
+    assert body["model"] == "gpt-x"
+    assert body["temperature"] == 0
+    assert isinstance(body["max_tokens"], int) and body["max_tokens"] > 0
+    system, user = body["messages"]
+    assert system["role"] == "system" and system["content"]
+    assert user["role"] == "user"
+    assert "at most 600 characters" in user["content"]
+    assert DOCUMENT in user["content"]
+    for item in related:
+        assert item in user["content"]
+    # The background comes before, and apart from, the document.
+    assert user["content"].index("</related_items>") < user["content"].index("<document>")
+
+
+async def test_anthropic_summary_and_wire_format(fake: FakeProviders, made: list[Any]) -> None:
+    summarizer = AnthropicSummarizer(make_settings(
+        fake, summary_provider="anthropic", summary_base_url=fake.url, summary_model="claude-x",
+    ))
+    made.append(summarizer)
+    got = await summarizer.summarize(DOCUMENT, context=["An earlier Acme report."])
+
+    assert got == ANSWER.strip()  # the text block, not the thinking block before it
+    (seen,) = fake.requests
+    assert seen.path == "/v1/messages"
+    assert seen.headers["x-api-key"] == KEY
+    assert seen.headers["anthropic-version"] == "2023-06-01"
+    assert "authorization" not in seen.headers
+    body = seen.body
+    assert body["model"] == "claude-x"
+    assert isinstance(body["max_tokens"], int)
+    assert body["system"]
+    (message,) = body["messages"]
+    assert message["role"] == "user"
+    assert DOCUMENT in message["content"] and "An earlier Acme report." in message["content"]
+
+
+async def test_ollama_summary_and_wire_format(fake: FakeProviders, made: list[Any]) -> None:
+    summarizer = OllamaSummarizer(make_settings(
+        fake, summary_provider="ollama", summary_base_url=fake.url, summary_model="llama-x",
+        summary_api_key=None,
+    ))
+    made.append(summarizer)
+    assert await summarizer.summarize(DOCUMENT) == ANSWER.strip()
+    (seen,) = fake.requests
+    assert seen.path == "/api/chat"
+    assert seen.body["model"] == "llama-x"
+    assert seen.body["stream"] is False
+    assert [m["role"] for m in seen.body["messages"]] == ["system", "user"]
+    assert DOCUMENT in seen.body["messages"][1]["content"]
+    assert "<related_items>" not in seen.body["messages"][1]["content"]  # no context given
+
+
+async def test_a_long_answer_is_cut_at_a_word_boundary(
+    fake: FakeProviders, openai_chat: Callable[..., OpenAIChatSummarizer]
+) -> None:
+    fake.script("answer", body="  " + "widget " * 60 + "\n")
+    got = await openai_chat(summary_max_chars=50).summarize(DOCUMENT)
+    assert len(got) <= 50
+    assert got.endswith("widget…")
+    assert got == got.strip()
+
+
+async def test_context_is_truncated_to_a_budget(
+    fake: FakeProviders, openai_chat: Callable[..., OpenAIChatSummarizer]
+) -> None:
+    related = [f"related item {i} " + "x" * 2000 for i in range(50)]
+    await openai_chat(summary_max_chars=100).summarize(DOCUMENT, context=related)
+    prompt = fake.requests[0].body["messages"][1]["content"]
+    assert DOCUMENT in prompt
+    assert "related item 0" in prompt
+    assert "related item 49" not in prompt
+    assert len(prompt) < len(DOCUMENT) + 1000
+
+
+def test_prompt_and_clip_helpers() -> None:
+    assert clip("  short  ", 50) == "short"
+    cut = clip("alpha beta gamma delta epsilon zeta eta theta", 20)
+    assert len(cut) <= 20 and cut == "alpha beta gamma…"
+    prompt = build_prompt(DOCUMENT, ["", "   "], max_chars=300)
+    assert "<related_items>" not in prompt  # blank context items are dropped
+
+
+async def test_a_provider_without_a_model_names_the_setting(fake: FakeProviders) -> None:
+    for provider in ("openai", "anthropic", "ollama"):
+        settings = make_settings(fake, summary_provider=provider, summary_model="")
+        with pytest.raises(PermanentError, match="MEMMILL_SUMMARY_MODEL"):
+            get_summarizer(settings)
+
+
+async def test_get_summarizer_is_one_per_configuration(fake: FakeProviders) -> None:
+    settings = make_settings(fake)
+    first = get_summarizer(settings)
+    assert isinstance(first, OpenAIChatSummarizer)
+    assert get_summarizer(make_settings(fake)) is first
+    other = get_summarizer(make_settings(fake, summary_provider="anthropic"))
+    assert isinstance(other, AnthropicSummarizer)
+    assert isinstance(get_summarizer(make_settings(fake, summary_provider="ollama")),
+                      OllamaSummarizer)
+    for provider in ("openai", "anthropic", "ollama"):
+        settings = make_settings(fake, summary_provider=provider)
+        await chat._SHARED.pop(chat._key(settings)).client.aclose()  # type: ignore[attr-defined]
+
+
+# ----------------------------------------------------------------------------- embedders
+
+
+async def test_openai_embeddings_are_ordered_batched_and_normalized(
+    fake: FakeProviders, openai_embedder: Callable[..., OpenAIEmbedder]
+) -> None:
+    embedder = openai_embedder(embedding_batch_size=3)
+    texts = [f"text number {i}" for i in range(7)]
+    vectors = await embedder.embed(texts)
+
+    assert [r.path for r in fake.requests] == ["/v1/embeddings"] * 3
+    assert [r.body["input"] for r in fake.requests] == [texts[0:3], texts[3:6], texts[6:7]]
+    for seen in fake.requests:
+        assert seen.body["model"] == "embed-x"
+        assert seen.headers["authorization"] == f"Bearer {KEY}"
+    assert len(vectors) == len(texts)
+    for text, vector in zip(texts, vectors, strict=True):
+        assert vector.dtype == np.float32 and vector.shape == (DIM,)
+        assert np.isclose(np.linalg.norm(vector), 1.0, atol=1e-5)
+        np.testing.assert_allclose(vector, unit(fake_vector(text)), atol=1e-6)
+    assert embedder.model == "embed-x" and embedder.dim == DIM
+    await embedder.warm_up()
+    assert len(fake.requests) == 3  # warm_up sends nothing
+    assert await embedder.embed([]) == []
+
+
+async def test_ollama_embeddings(fake: FakeProviders, made: list[Any]) -> None:
+    embedder = OllamaEmbedder(make_settings(
+        fake, embedding_provider="ollama", embedding_base_url=fake.url, embedding_model="nomic-x",
+        embedding_api_key=None,
+    ))
+    made.append(embedder)
+    texts = ["one", "two"]
+    vectors = await embedder.embed(texts)
+    (seen,) = fake.requests
+    assert seen.path == "/api/embed"
+    assert seen.body == {"model": "nomic-x", "input": texts}
+    for text, vector in zip(texts, vectors, strict=True):
+        assert vector.dtype == np.float32
+        np.testing.assert_allclose(vector, unit(fake_vector(text)), atol=1e-6)
+
+
+async def test_query_cache_over_an_http_embedder(
+    fake: FakeProviders, openai_embedder: Callable[..., OpenAIEmbedder]
+) -> None:
+    cache = QueryCache(openai_embedder())
+    first = await cache.embed_query("what is acme")
+    again = await cache.embed_query("what is acme")
+    assert again is first
+    assert len(fake.requests) == 1
+
+
+async def test_wrong_dimension_is_permanent(
+    fake: FakeProviders, openai_embedder: Callable[..., OpenAIEmbedder]
+) -> None:
+    fake.script("wrong_dim")
+    with pytest.raises(PermanentError) as caught:
+        await openai_embedder().embed(["hello"])
+    message = str(caught.value)
+    assert "embed-x" in message and str(DIM + 1) in message and "MEMMILL_EMBEDDING_DIM" in message
+    assert len(fake.requests) == 1
+
+
+async def test_get_embedder_chooses_by_provider(fake: FakeProviders) -> None:
+    openai = get_embedder(make_settings(fake))
+    assert isinstance(openai, OpenAIEmbedder)
+    assert get_embedder(make_settings(fake)) is openai
+    ollama = get_embedder(make_settings(fake, embedding_provider="ollama"))
+    assert isinstance(ollama, OllamaEmbedder)
+    local = get_embedder(Settings(embedding_provider="local"))
+    assert isinstance(local, LocalEmbedder)
+    assert get_embedder(Settings(embedding_provider="local")) is local
+    for settings in (make_settings(fake), make_settings(fake, embedding_provider="ollama")):
+        await embeddings._SHARED.pop(embeddings._key(settings)).client.aclose()  # type: ignore[attr-defined]
+
+
+# ----------------------------------------------------------------------------- retries and faults
+
+
+async def test_429_waits_for_retry_after_then_succeeds(
+    fake: FakeProviders, openai_chat: Callable[..., OpenAIChatSummarizer]
+) -> None:
+    fake.script(status=429, headers={"Retry-After": "1"})
+    got = await openai_chat(provider_retry_max_wait_s=5).summarize(DOCUMENT)
+    assert got == ANSWER.strip()
+    first, second = fake.requests
+    assert 0.9 <= second.at - first.at < 3
+
+
+async def test_retry_after_is_capped_by_the_max_wait(
+    fake: FakeProviders, openai_embedder: Callable[..., OpenAIEmbedder]
+) -> None:
+    fake.script(status=429, headers={"Retry-After": "120"})
+    await openai_embedder(provider_retry_max_wait_s=0.3).embed(["hello"])
+    first, second = fake.requests
+    assert 0.25 <= second.at - first.at < 2
+
+
+async def test_retry_after_zero_and_ms_are_quick(
+    fake: FakeProviders, openai_embedder: Callable[..., OpenAIEmbedder]
+) -> None:
+    fake.script(status=429, times=2, headers={"Retry-After": "0"})
+    fake.script(status=529, headers={"retry-after-ms": "10"})
+    started = time.monotonic()
+    (vector,) = await openai_embedder(provider_retry_max_wait_s=5).embed(["hello"])
+    assert time.monotonic() - started < 1
+    assert len(fake.requests) == 4
+    np.testing.assert_allclose(vector, unit(fake_vector("hello")), atol=1e-6)
+
+
+async def test_503_twice_then_success(
+    fake: FakeProviders, openai_embedder: Callable[..., OpenAIEmbedder]
+) -> None:
+    fake.script(status=503, times=2)
+    (vector,) = await openai_embedder().embed(["hello"])
+    assert len(fake.requests) == 3
+    np.testing.assert_allclose(vector, unit(fake_vector("hello")), atol=1e-6)
+
+
+async def test_500_forever_is_transient_after_the_tries(
+    fake: FakeProviders, openai_chat: Callable[..., OpenAIChatSummarizer]
+) -> None:
+    fake.script(status=500, times=None, body={"error": {"message": "the server is on fire"}})
+    with pytest.raises(TransientError) as caught:
+        await openai_chat(provider_retries=3).summarize(DOCUMENT)
+    assert len(fake.requests) == 3
+    message = str(caught.value)
+    assert "500" in message and "the server is on fire" in message and "3 tries" in message
+
+
+async def test_anthropic_overloaded_forever_is_transient(
+    fake: FakeProviders, made: list[Any]
+) -> None:
+    fake.script(status=529, times=None)
+    summarizer = AnthropicSummarizer(make_settings(
+        fake, summary_provider="anthropic", summary_base_url=fake.url, provider_retries=2,
+    ))
+    made.append(summarizer)
+    with pytest.raises(TransientError, match="529"):
+        await summarizer.summarize(DOCUMENT)
+    assert len(fake.requests) == 2
+
+
+async def test_401_is_permanent_at_once_and_names_the_key_setting(
+    fake: FakeProviders, openai_embedder: Callable[..., OpenAIEmbedder]
+) -> None:
+    fake.script(status=401)
+    with pytest.raises(PermanentError) as caught:
+        await openai_embedder().embed(["hello"])
+    assert len(fake.requests) == 1
+    message = str(caught.value)
+    assert "401 Unauthorized" in message and "MEMMILL_EMBEDDING_API_KEY" in message
+    assert f"{fake.url}/v1/embeddings" in message
+
+
+async def test_anthropic_without_a_key_is_permanent(fake: FakeProviders, made: list[Any]) -> None:
+    summarizer = AnthropicSummarizer(make_settings(
+        fake, summary_provider="anthropic", summary_base_url=fake.url, summary_api_key=None,
+    ))
+    made.append(summarizer)
+    with pytest.raises(PermanentError, match="MEMMILL_SUMMARY_API_KEY") as caught:
+        await summarizer.summarize(DOCUMENT)
+    assert "authentication_error" in str(caught.value)
+    assert len(fake.requests) == 1
+    assert "x-api-key" not in fake.requests[0].headers
+
+
+async def test_keys_never_reach_errors_or_logs(
+    fake: FakeProviders, openai_chat: Callable[..., OpenAIChatSummarizer],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    wrong = "sk-wrong-key-987654321"
+    caplog.set_level(logging.DEBUG)
+    fake.script(status=503, body={"error": {"message": f"upstream saw key {wrong}"}})
+    with pytest.raises(PermanentError) as caught:
+        await openai_chat(summary_api_key=wrong).summarize(DOCUMENT)
+    assert len(fake.requests) == 2  # the 503 is retried, the 401 (echoing the key) is not
+    message = str(caught.value)
+    assert "MEMMILL_SUMMARY_API_KEY" in message and "Incorrect API key" in message
+    assert wrong not in message
+    assert "503" in caplog.text  # the retry was logged...
+    assert wrong not in caplog.text  # ...without the key the server echoed
+    assert KEY not in caplog.text
+
+
+async def test_malformed_json_is_permanent(
+    fake: FakeProviders, openai_chat: Callable[..., OpenAIChatSummarizer]
+) -> None:
+    fake.script("malformed")
+    with pytest.raises(PermanentError, match="not JSON"):
+        await openai_chat().summarize(DOCUMENT)
+    assert len(fake.requests) == 1
+
+
+async def test_unexpected_shapes_are_permanent(
+    fake: FakeProviders, openai_chat: Callable[..., OpenAIChatSummarizer],
+    openai_embedder: Callable[..., OpenAIEmbedder],
+) -> None:
+    fake.script("json", body={"object": "list", "data": []})
+    with pytest.raises(PermanentError, match="0 embeddings for 2 inputs"):
+        await openai_embedder().embed(["a", "b"])
+    fake.script("json", body={"choices": []})
+    with pytest.raises(PermanentError, match="unexpected shape"):
+        await openai_chat().summarize(DOCUMENT)
+    fake.script("answer", body="   ")
+    with pytest.raises(PermanentError, match="empty summary"):
+        await openai_chat().summarize(DOCUMENT)
+    assert len(fake.requests) == 3
+
+
+async def test_unreachable_server_is_transient(made: list[Any]) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    embedder = OpenAIEmbedder(Settings(
+        embedding_provider="openai", embedding_model="embed-x", embedding_dim=DIM,
+        embedding_base_url=f"http://127.0.0.1:{port}/v1", provider_retries=2,
+        provider_retry_max_wait_s=0.05,
+    ))
+    made.append(embedder)
+    with pytest.raises(TransientError, match="ConnectError"):
+        await embedder.embed(["hello"])
+
+
+async def test_a_slow_answer_times_out_as_transient(
+    fake: FakeProviders, openai_embedder: Callable[..., OpenAIEmbedder]
+) -> None:
+    fake.script("slow", times=2, delay_s=0.6)
+    with pytest.raises(TransientError, match="no answer within"):
+        await openai_embedder(provider_timeout_s=0.15, provider_retries=2).embed(["hello"])
+    assert len(fake.requests) == 2
+
+
+# ----------------------------------------------------------------------------- limits
+
+
+async def test_concurrency_is_bounded(
+    fake: FakeProviders, openai_embedder: Callable[..., OpenAIEmbedder]
+) -> None:
+    fake.delay_s = 0.2
+    embedder = openai_embedder(provider_concurrency=2)
+    started = time.monotonic()
+    results = await asyncio.gather(*(embedder.embed([f"text {i}"]) for i in range(10)))
+    elapsed = time.monotonic() - started
+    assert len(results) == 10 and len(fake.requests) == 10
+    assert fake.max_in_flight == 2
+    assert elapsed >= 0.95  # five rounds of two
+
+
+async def test_rate_is_bounded(
+    fake: FakeProviders, openai_embedder: Callable[..., OpenAIEmbedder]
+) -> None:
+    embedder = openai_embedder(provider_rate_per_s=2)
+    await asyncio.gather(*(embedder.embed([f"text {i}"]) for i in range(4)))
+    arrivals = sorted(r.at for r in fake.requests)
+    assert arrivals[-1] - arrivals[0] >= 0.9  # two at once, then one every half second
+
+
+async def test_a_rate_below_one_per_second_works(
+    fake: FakeProviders, openai_embedder: Callable[..., OpenAIEmbedder]
+) -> None:
+    (vector,) = await openai_embedder(provider_rate_per_s=0.5).embed(["hello"])
+    assert vector.shape == (DIM,)
+
+
+def test_one_embedder_serves_several_event_loops(fake: FakeProviders) -> None:
+    """A worker may run more than one loop in its life; the client follows the loop."""
+    embedder = OpenAIEmbedder(make_settings(fake))
+
+    async def once() -> np.ndarray:
+        try:
+            (vector,) = await embedder.embed(["hello"])
+            return vector
+        finally:
+            await embedder.client.aclose()
+
+    first = asyncio.run(once())
+    second = asyncio.run(once())
+    np.testing.assert_array_equal(first, second)
+    assert len(fake.requests) == 2
+
+
+def test_parse_retry_after() -> None:
+    now = time.time()
+    assert parse_retry_after(None) is None
+    assert parse_retry_after("") is None
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after("3") == 3.0
+    assert parse_retry_after("1.5") == 1.5
+    assert parse_retry_after("-4") == 0.0
+    in_ten = parse_retry_after(formatdate(now + 10, usegmt=True), now=now)
+    assert in_ten is not None and 9 <= in_ten <= 10
+    assert parse_retry_after(formatdate(now - 100, usegmt=True), now=now) == 0.0
