@@ -18,12 +18,18 @@ The model runs first and alone, then memmill, so they never share the cores.
 
 from __future__ import annotations
 
+import os
+import sys
+
+# This folder holds queue.py, which would shadow the standard library's `queue` (torch imports
+# it) when this script runs with the folder first on sys.path.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]
+
 import argparse
 import json
-import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
