@@ -359,10 +359,8 @@ def ingest(
             raise typer.Exit(2)
         works += list(read_urls(urls, prefix, tally))
     with make_client(url, key) as client:
-        run = Ingest(client, tags, err)
-        run.tally = tally
         try:
-            run.run(works, wait=wait, timeout_s=timeout)
+            Ingest(client, tags, err, tally).run(works, wait=wait, timeout_s=timeout)
         except ApiError as exc:
             raise _fail(exc) from None
     console.print(summary_table(tally, waited=wait))

@@ -173,11 +173,13 @@ class Ingest:
     """Send works in batches, skipping what the server already holds with the same content and
     tags, then optionally follow the submitted items until none is pending."""
 
-    def __init__(self, client: Client, tags: dict[str, str], console: Console) -> None:
+    def __init__(
+        self, client: Client, tags: dict[str, str], console: Console, tally: Tally
+    ) -> None:
         self.client = client
         self.tags = tags
         self.console = console
-        self.tally = Tally()
+        self.tally = tally
 
     def run(self, works: Iterable[Work], *, wait: bool, timeout_s: float) -> Tally:
         columns = (
@@ -191,7 +193,6 @@ class Ingest:
             started = time.monotonic()
             for chunk in _chunks(todo, LOOKUP_BATCH):
                 self._submit(self._changed(chunk), progress, task, started)
-                progress.update(task, advance=0)
             if wait and self.tally.pending:
                 self._follow(progress, timeout_s)
         return self.tally

@@ -54,5 +54,13 @@ class TransientError(MemmillError):
     """A temporary failure; the job is retried with backoff."""
 
 
+class RetryLater(TransientError):
+    """The server asked us to come back later; the job's next attempt waits at least that."""
+
+    def __init__(self, message: str | None = None, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class PermanentError(MemmillError):
     """A failure that retrying cannot fix; the job goes to dead letters at once."""

@@ -17,7 +17,7 @@ import asyncpg
 
 from pipeline import jobs
 from pipeline.db import Q
-from pipeline.errors import PermanentError
+from pipeline.errors import PermanentError, RetryLater
 from pipeline.jobs import JobRef, RetryPolicy
 from pipeline.tasks import TASKS, Deps, Writer
 
@@ -107,7 +107,8 @@ async def _fail(
         reason = str(exc) if permanent else f"gave up after {attempt} attempts: {error}"
         return await _dead_letter(job, deps, reason, permanent=permanent, exc=exc)
     # A server that said when to come back (Retry-After) is not asked again sooner.
-    delay_s = max(policy.delay_s(attempt), getattr(exc, "retry_after_s", None) or 0.0)
+    asked_s = exc.retry_after_s if isinstance(exc, RetryLater) else None
+    delay_s = max(policy.delay_s(attempt), asked_s or 0.0)
     async with deps.pool.acquire() as conn, conn.transaction():
         row = await conn.fetchrow(
             Q["jobs.schedule_retry"], job["id"], deps.worker_id, delay_s, error

@@ -65,27 +65,29 @@ async def put_item(
     return ItemAccepted(item=item, jobs=item.jobs, change=result.change)
 
 
+# An entry of a batch or an upload: its index, its id if it has one, and the item to write or
+# the reason it was already refused.
+Candidate = tuple[int, str | None, items.NewItem | MemmillError]
+
+
 async def _put_many(
-    pool: PoolDep, queue: QueueDep, settings: Settings, tenant: int,
-    candidates: list[tuple[int, items.NewItem | None, str | None, MemmillError | None]],
+    pool: PoolDep, queue: QueueDep, settings: Settings, tenant: int, candidates: list[Candidate]
 ) -> BatchResult:
     """Validate each entry on its own, write every valid one in one transaction, enqueue after
     the commit. A refused entry is reported by index and never half-written."""
     accepted: list[tuple[int, items.NewItem]] = []
     refused: list[BatchRefused] = []
     seen: set[str] = set()
-    for index, new, item_id, error in candidates:
-        if error is None and new is not None:
-            try:
-                items.check_new_item(new, settings)
-                if new.id in seen:
-                    raise BadInput(f"id {new.id!r} appears more than once in this request")
-            except MemmillError as exc:
-                error = exc
-        if error is not None or new is None:
-            assert error is not None
-            refused.append(BatchRefused(index=index, id=item_id, status=error.status_code,
-                                        error=error.message))
+    for index, item_id, new in candidates:
+        try:
+            if isinstance(new, MemmillError):
+                raise new
+            items.check_new_item(new, settings)
+            if new.id in seen:
+                raise BadInput(f"id {new.id!r} appears more than once in this request")
+        except MemmillError as exc:
+            refused.append(BatchRefused(index=index, id=item_id, status=exc.status_code,
+                                        error=exc.message))
             continue
         seen.add(new.id)
         accepted.append((index, new))
@@ -114,14 +116,14 @@ async def put_batch(
     if len(body.items) > settings.max_batch_items:
         raise BadInput(f"at most {settings.max_batch_items} items per batch"
                        f" (got {len(body.items)})")
-    candidates: list[tuple[int, items.NewItem | None, str | None, MemmillError | None]] = []
+    candidates: list[Candidate] = []
     for index, raw in enumerate(body.items):
         raw_id = raw.get("id") if isinstance(raw, dict) else None
         item_id = raw_id if isinstance(raw_id, str) else None
         try:
-            candidates.append((index, _new_item(ItemCreate.model_validate(raw)), item_id, None))
+            candidates.append((index, item_id, _new_item(ItemCreate.model_validate(raw))))
         except ValidationError as exc:
-            candidates.append((index, None, item_id, BadInput(_first_error(exc))))
+            candidates.append((index, item_id, BadInput(_first_error(exc))))
     return await _put_many(pool, queue, settings, tenant, candidates)
 
 
@@ -156,22 +158,22 @@ async def upload(
         unknown = sorted(set(form.keys()) - {"file", "prefix", "tags"})
         if unknown:
             raise BadInput(f"unknown form fields {unknown}; expected file, prefix, tags")
-        candidates: list[tuple[int, items.NewItem | None, str | None, MemmillError | None]] = []
+        candidates: list[Candidate] = []
         for index, upload_file in enumerate(files):
             name = (upload_file.filename or "").strip()
             if not name:
-                candidates.append((index, None, None, BadInput("a file part has no file name")))
+                candidates.append((index, None, BadInput("a file part has no file name")))
                 continue
             data = await _read_limited(upload_file, settings.max_upload_bytes)
             item_id = f"{prefix}{name}"
             if data is None:
-                candidates.append((index, None, item_id, PayloadTooLarge(
+                candidates.append((index, item_id, PayloadTooLarge(
                     f"file {name!r} is over the limit of {settings.max_upload_bytes} bytes"
                     " (MEMMILL_MAX_UPLOAD_BYTES)")))
                 continue
-            new = items.NewItem(id=item_id, data=data, tags=tags, filename=name,
-                                media_type=upload_file.content_type)
-            candidates.append((index, new, item_id, None))
+            candidates.append((index, item_id, items.NewItem(
+                id=item_id, data=data, tags=tags, filename=name,
+                media_type=upload_file.content_type)))
     return await _put_many(pool, queue, settings, tenant, candidates)
 
 

@@ -25,7 +25,7 @@ _METADATA = {"title": "Title", "author": "Author", "subject": "Subject", "keywor
 
 def extract_pdf(data: bytes, media_type: str, limits: ExtractLimits) -> Extracted:
     with PDFIUM_LOCK:
-        pdf = _open(data)
+        pdf = open_pdf(data)
         try:
             with corrupt_as_permanent("PDF"):
                 page_count = len(pdf)
@@ -48,14 +48,14 @@ def extract_pdf(data: bytes, media_type: str, limits: ExtractLimits) -> Extracte
     )
 
 
-def _open(data: bytes) -> pdfium.PdfDocument:
+def open_pdf(data: bytes) -> pdfium.PdfDocument:
+    """Open a PDF (holding PDFIUM_LOCK), or say in words why it cannot be read."""
     try:
         return pdfium.PdfDocument(data)
     except pdfium.PdfiumError as err:
         if err.err_code in _ENCRYPTED:
             raise PermanentError(
-                "the PDF is encrypted (password-protected); remove the password and upload "
-                "it again"
+                "the PDF is encrypted with a password; remove the password and upload it again"
             ) from err
         raise PermanentError(f"the PDF is corrupt or truncated: {detail(err)}") from err
 

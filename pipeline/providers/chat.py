@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
@@ -96,7 +97,15 @@ class ExtractiveSummarizer:
         return extractive.summarize(text, max_chars=self.max_chars)
 
 
-class _ChatSummarizer:
+def chat_messages(prompt: str) -> list[dict[str, str]]:
+    """The system and user turns, as OpenAI-compatible servers and Ollama both take them."""
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": prompt},
+    ]
+
+
+class _ChatSummarizer(ABC):
     """A chat model over HTTP: builds the prompt, sends it, clips what comes back."""
 
     provider: ClassVar[str]
@@ -136,11 +145,13 @@ class _ChatSummarizer:
     def _headers(self) -> dict[str, str]:
         return bearer(self._api_key)
 
+    @abstractmethod
     def _body(self, prompt: str) -> dict[str, Any]:
-        raise NotImplementedError
+        """The provider's request body for this prompt."""
 
+    @abstractmethod
     def _read(self, data: dict[str, Any]) -> str:
-        raise NotImplementedError
+        """The summary text out of the provider's answer."""
 
 
 class OpenAIChatSummarizer(_ChatSummarizer):
@@ -155,10 +166,7 @@ class OpenAIChatSummarizer(_ChatSummarizer):
     def _body(self, prompt: str) -> dict[str, Any]:
         return {
             "model": self.model,
-            "messages": [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": prompt},
-            ],
+            "messages": chat_messages(prompt),
             "max_tokens": self.max_tokens,
             "temperature": 0,
         }
@@ -228,10 +236,7 @@ class OllamaSummarizer(_ChatSummarizer):
     def _body(self, prompt: str) -> dict[str, Any]:
         return {
             "model": self.model,
-            "messages": [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": prompt},
-            ],
+            "messages": chat_messages(prompt),
             "stream": False,
             "options": {"temperature": 0, "num_predict": self.max_tokens},
         }

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, Protocol
@@ -81,7 +82,7 @@ class LocalEmbedder:
         await self.embed(["warm up"])
 
 
-class _HTTPEmbedder:
+class _HTTPEmbedder(ABC):
     """An embedding API over HTTP: batches, checks the dimension, normalizes to unit length
     (the index searches by cosine)."""
 
@@ -110,6 +111,7 @@ class _HTTPEmbedder:
 
     async def warm_up(self) -> None:
         """Nothing to load; the first request opens the connection."""
+        return None
 
     async def embed(self, texts: list[str]) -> list[np.ndarray]:
         vectors: list[np.ndarray] = []
@@ -127,8 +129,9 @@ class _HTTPEmbedder:
     def _body(self, batch: list[str]) -> dict[str, Any]:
         return {"model": self.model, "input": batch}
 
+    @abstractmethod
     def _read(self, data: dict[str, Any], count: int) -> list[Any]:
-        raise NotImplementedError
+        """The `count` raw vectors out of the provider's answer, in input order."""
 
     def _unit(self, raw: Any) -> np.ndarray:
         try:

@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 import pypdfium2 as pdfium
-import pypdfium2.raw as pdfium_c
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from pipeline.errors import PermanentError
 from pipeline.formats import PDFIUM_LOCK
+from pipeline.formats.pdf import open_pdf
 
 __all__ = ["OcrLimits", "ocr_image", "ocr_pdf_pages", "warm_up"]
 
@@ -56,7 +56,6 @@ class OcrLimits:
 # What Pillow raises on bad input, besides UnidentifiedImageError (an OSError).
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, struct.error)
 _HIGH_BIT_MODES = {"I", "F", "I;16", "I;16B", "I;16L", "I;16N"}
-_ENCRYPTED = frozenset({pdfium_c.FPDF_ERR_PASSWORD, pdfium_c.FPDF_ERR_SECURITY})
 
 _engine: Any = None
 _load_lock = threading.Lock()
@@ -102,7 +101,7 @@ def ocr_pdf_pages(
     if not wanted:
         return {}
     with PDFIUM_LOCK:
-        pdf = _open_pdf(data)
+        pdf = open_pdf(data)
     try:
         with PDFIUM_LOCK:
             count = len(pdf)
@@ -206,17 +205,6 @@ def _to_bgr(img: Image.Image) -> np.ndarray:
 
 
 # PDFs (callers hold PDFIUM_LOCK)
-
-
-def _open_pdf(data: bytes) -> pdfium.PdfDocument:
-    try:
-        return pdfium.PdfDocument(data)
-    except pdfium.PdfiumError as exc:
-        if exc.err_code in _ENCRYPTED:
-            raise PermanentError(
-                "the PDF is encrypted with a password; upload a copy without one"
-            ) from None
-        raise PermanentError(f"the PDF is corrupt or cannot be opened: {exc}") from None
 
 
 def _render_page(pdf: pdfium.PdfDocument, index: int, limits: OcrLimits) -> np.ndarray:

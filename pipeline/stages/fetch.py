@@ -27,7 +27,7 @@ from http import HTTPStatus
 
 import httpx
 
-from pipeline.errors import BadInput, PermanentError, TransientError
+from pipeline.errors import BadInput, PermanentError, RetryLater, TransientError
 from pipeline.providers.http import parse_retry_after
 from pipeline.settings import Settings
 
@@ -67,14 +67,6 @@ class Fetched:
     media_type: str  # Content-Type without parameters, lower case ("" if none)
     charset: str | None
     data: bytes
-
-
-class RetryLater(TransientError):
-    """The server asked us to come back later."""
-
-    def __init__(self, message: str | None = None, retry_after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 def fetch_policy(settings: Settings) -> FetchPolicy:
