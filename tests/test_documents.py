@@ -356,3 +356,40 @@ async def _keep_draining(settings: Settings, pool: asyncpg.Pool) -> None:
     while True:
         await drain(settings, pool)
         await asyncio.sleep(0.2)
+
+
+async def test_bad_uploads_and_lookups_are_4xx_and_write_nothing(
+    http: httpx.AsyncClient, settings: Settings, pool: asyncpg.Pool
+) -> None:
+    ok = ("file", ("ok.txt", b"Some text.", "text/plain"))
+    cases: list[tuple[str, dict[str, Any], int, str]] = [
+        ("not multipart", {"json": {"file": "x"}}, 422, "multipart/form-data"),
+        ("no files", {"files": {"prefix": (None, "p/")}}, 422, "no files"),
+        ("unknown field", {"files": [ok], "data": {"colour": "red"}}, 422, "unknown form fields"),
+        ("tags not JSON", {"files": [ok], "data": {"tags": "{oops"}}, 422, "JSON object"),
+        ("tags not strings", {"files": [ok], "data": {"tags": '{"n": 1}'}}, 422, "strings"),
+    ]
+    for name, request, status, words in cases:
+        r = await http.post("/v1/items/upload", **request)
+        assert r.status_code == status, (name, r.text)
+        assert words in r.json()["detail"], (name, r.text)
+
+    # A file over the per-file limit (but within the request limit) and an empty one are each
+    # refused by index, and the request as a whole still answers.
+    big = b"x" * (settings.max_upload_bytes + 1)
+    r = await http.post("/v1/items/upload", files=[
+        ("file", ("big.txt", big, "text/plain")), ("file", ("empty.txt", b"", "text/plain"))])
+    assert r.status_code == 202, r.text
+    assert r.json()["accepted"] == []
+    refused = {x["id"]: (x["status"], x["error"]) for x in r.json()["refused"]}
+    assert refused["big.txt"][0] == 413 and "MEMMILL_MAX_UPLOAD_BYTES" in refused["big.txt"][1]
+    assert refused["empty.txt"][0] == 422 and "empty" in refused["empty.txt"][1]
+
+    r = await http.post("/v1/items/lookup", json={"ids": [f"i{n}" for n in range(1001)]})
+    assert r.status_code == 422
+    r = await http.delete("/v1/items/nothing/here")
+    assert r.status_code == 404 and "nothing/here" in r.json()["detail"]
+    r = await http.get("/v1/items/nothing/here/versions")
+    assert r.status_code == 404
+    for table in ("items", "sources", "jobs"):
+        assert await pool.fetchval(f"SELECT count(*) FROM {table}") == 0, table
