@@ -43,6 +43,21 @@ WAITING, QUEUED, RUNNING, DONE, DEAD, CANCELLED = (
 )
 STATUSES = (WAITING, QUEUED, RUNNING, DONE, DEAD, CANCELLED)
 
+# The queue runs jobs in order of when they became due. A later stage is enqueued as if it had
+# been waiting this much longer, so it overtakes up to that much backlog of earlier stages: in
+# a bulk load of 100k documents items finish one by one from the start (the progress bar
+# moves, the first documents are searchable within seconds) instead of every document being
+# split before the first is embedded. Retries keep their backoff and get no head start.
+STAGE_HEAD_START_S = {
+    REGULARIZE: 0.0,
+    OCR: 0.0,
+    REINDEX: 0.0,
+    ANALYZE: 3600.0,
+    SUMMARIZE: 3600.0,
+    EXTRACT: 3600.0,
+    EMBED: 7200.0,
+}
+
 
 class Enqueuer(Protocol):
     """What we need of a queue: arq's `ArqRedis.enqueue_job` fits this shape."""
@@ -132,7 +147,8 @@ async def enqueue(
     defer_s: float | None = None,
 ) -> int:
     """Put committed jobs on the fast lane. A failure here loses nothing: the ledger row stays
-    queued with no enqueue time, and the sweeper enqueues it. Returns how many went through."""
+    queued with no enqueue time, and the sweeper enqueues it. Returns how many went through.
+    Without `defer_s` a job is due at once, with its stage's head start."""
     sent: list[uuid.UUID] = []
     for ref in refs:
         try:
@@ -141,7 +157,7 @@ async def enqueue(
                 str(ref.id),
                 _job_id=ref.queue_job_id,
                 _queue_name=queue_name,
-                _defer_by=defer_s,
+                _defer_by=-STAGE_HEAD_START_S.get(ref.kind, 0.0) if defer_s is None else defer_s,
             )
             sent.append(ref.id)
         except Exception as exc:  # noqa: BLE001 - Redis down must not fail the request

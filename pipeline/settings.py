@@ -75,6 +75,10 @@ class Settings(BaseSettings):
     # Queue and workers
     queue_name: str = "memmill:queue"
     worker_max_jobs: int = Field(default=8, ge=1)
+    # How long an idle worker waits before it looks at the queue again. arq reads at most
+    # max_jobs ids per look, so this also caps how fast short jobs start: 0.5 s held a worker
+    # to about 45 short jobs/s. An idle look is one cheap ZRANGEBYSCORE.
+    worker_poll_delay_s: float = Field(default=0.05, gt=0, le=5)
     job_timeout_s: float = Field(default=600.0, gt=0)
     lease_s: float = Field(default=60.0, gt=0)
     sweep_interval_s: float = Field(default=5.0, gt=0)
@@ -128,7 +132,11 @@ class Settings(BaseSettings):
     embedding_provider: Literal["local", "openai", "ollama"] = "local"
     embedding_model: str = "all-MiniLM-L6-v2"
     embedding_dim: int = Field(default=384, ge=1)
-    embedding_batch_size: int = Field(default=64, ge=1)
+    # Texts per forward pass of the local model. Small batches pad less: on 2 cores
+    # all-MiniLM-L6-v2 ran SciFact parts 4 at a time about 30% faster than 64 at a time.
+    embedding_batch_size: int = Field(default=4, ge=1)
+    # Texts per request to an HTTP embedding provider, where each request has a fixed cost.
+    embedding_request_size: int = Field(default=64, ge=1)
     # Threads torch may use for the local model; 0 leaves torch's default (one per core).
     # `memmill up` gives each of its N workers cores/N, so they do not fight over the cores.
     embedding_threads: int = Field(default=0, ge=0)

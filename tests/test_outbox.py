@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
+
 import asyncpg
 from arq import create_pool
 from arq.connections import RedisSettings
 
-from pipeline import items
+from pipeline import items, jobs
 from pipeline.settings import Settings
 from pipeline.sweeper import sweep_once
 from tests.conftest import drain
@@ -58,3 +60,38 @@ async def test_sweeper_reclaims_an_expired_lease(
     history = await pool.fetch(
         "SELECT outcome FROM job_attempts WHERE job_id = $1 ORDER BY attempt", job_id)
     assert [r["outcome"] for r in history] == ["lost", "done"]
+
+
+async def test_later_stages_overtake_a_backlog_of_earlier_ones(
+    settings: Settings, pool: asyncpg.Pool, tenant: tuple[int, str]
+) -> None:
+    """A bulk load finishes items one by one: an item's embed, released when its analyze is
+    done, runs before the analyze jobs of items submitted earlier."""
+    count = 6
+    queue = await create_pool(RedisSettings.from_dsn(settings.redis_url))
+    try:
+        for i in range(count):
+            async with pool.acquire() as conn, conn.transaction():
+                result = await items.put_item(
+                    conn, tenant_id=tenant[0], settings=settings,
+                    item=items.NewItem(id=f"bulk/{i}", content=f"Document number {i}."))
+            await jobs.enqueue(pool, queue, jobs.refs_to_enqueue(result.jobs),
+                               queue_name=settings.queue_name)
+        await drain(settings.model_copy(update={"worker_max_jobs": 1}), pool)
+        order = await pool.fetch(
+            "SELECT j.kind, j.item_id FROM job_attempts a JOIN jobs j ON j.id = a.job_id"
+            " ORDER BY a.started_at")
+        started = [(r["kind"], r["item_id"]) for r in order]
+        assert started.index((jobs.EMBED, "bulk/0")) < started.index((jobs.ANALYZE, "bulk/5"))
+        # A retry keeps its backoff: deferred, it sorts after what is due now.
+        refs = [jobs.JobRef(uuid.uuid4(), jobs.REGULARIZE), jobs.JobRef(uuid.uuid4(), jobs.EMBED)]
+        await jobs.enqueue(pool, queue, refs[:1], queue_name="memmill:test:order")
+        await jobs.enqueue(pool, queue, refs[1:], queue_name="memmill:test:order", defer_s=5)
+        late_embed = jobs.JobRef(uuid.uuid4(), jobs.EMBED)
+        await jobs.enqueue(pool, queue, [late_embed], queue_name="memmill:test:order")
+        ids = [job_id.decode() for job_id in await queue.zrange("memmill:test:order", 0, -1)]
+        assert ids[0] == late_embed.queue_job_id  # enqueued last, due first
+        assert ids[-1] == refs[1].queue_job_id  # the deferred retry is last
+        await queue.delete("memmill:test:order")
+    finally:
+        await queue.aclose()

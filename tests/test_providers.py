@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response
 
 from pipeline.errors import PermanentError, TransientError
 from pipeline.providers import chat, embeddings
+from pipeline.providers.batching import BatchingEmbedder
 from pipeline.providers.chat import (
     AnthropicSummarizer,
     ExtractiveSummarizer,
@@ -47,6 +48,7 @@ from pipeline.settings import Settings
 from pipeline.stages.summarize import summarize as extractive_summarize
 
 DIM = 8
+REFUSED_INPUT = "<refused>"  # the fake OpenAI embeddings server answers 400 to any input with it
 KEY = "sk-test-0123456789"
 ANSWER = "  The report covers Acme's third quarter: revenue rose 12% on strong widget sales.\n"
 DOCUMENT = (
@@ -242,6 +244,9 @@ def build_app(state: FakeProviders) -> FastAPI:
             refused = _openai_key_error(headers)
             if refused:
                 return refused
+            if any(REFUSED_INPUT in t for t in body["input"]):
+                return JSONResponse(_error_body("/v1/embeddings", 400, "input refused"),
+                                    status_code=400)
             data = [{"object": "embedding", "index": i, "embedding": fake_vector(t, dim_of(fault))}
                     for i, t in enumerate(body["input"])]
             order = list(range(len(data)))
@@ -477,7 +482,7 @@ async def test_get_summarizer_is_one_per_configuration(fake: FakeProviders) -> N
 async def test_openai_embeddings_are_ordered_batched_and_normalized(
     fake: FakeProviders, openai_embedder: Callable[..., OpenAIEmbedder]
 ) -> None:
-    embedder = openai_embedder(embedding_batch_size=3)
+    embedder = openai_embedder(embedding_request_size=3)
     texts = [f"text number {i}" for i in range(7)]
     vectors = await embedder.embed(texts)
 
@@ -536,15 +541,116 @@ async def test_wrong_dimension_is_permanent(
 
 async def test_get_embedder_chooses_by_provider(fake: FakeProviders) -> None:
     openai = get_embedder(make_settings(fake))
-    assert isinstance(openai, OpenAIEmbedder)
+    assert isinstance(openai, BatchingEmbedder) and isinstance(openai.inner, OpenAIEmbedder)
     assert get_embedder(make_settings(fake)) is openai
     ollama = get_embedder(make_settings(fake, embedding_provider="ollama"))
-    assert isinstance(ollama, OllamaEmbedder)
+    assert isinstance(ollama.inner, OllamaEmbedder)
     local = get_embedder(Settings(embedding_provider="local"))
-    assert isinstance(local, LocalEmbedder)
+    assert isinstance(local.inner, LocalEmbedder)
     assert get_embedder(Settings(embedding_provider="local")) is local
+    assert (openai.model, openai.dim) == ("embed-x", DIM)
     for settings in (make_settings(fake), make_settings(fake, embedding_provider="ollama")):
-        await embeddings._SHARED.pop(embeddings._key(settings)).client.aclose()  # type: ignore[attr-defined]
+        await embeddings._SHARED.pop(embeddings._key(settings)).inner.client.aclose()  # type: ignore[attr-defined]
+
+
+# ----------------------------------------------------------------------------- merged embed calls
+
+
+@pytest.fixture
+def batcher(
+    fake: FakeProviders, openai_embedder: Callable[..., OpenAIEmbedder]
+) -> BatchingEmbedder:
+    """Merges up to 8 texts per request; each request takes 0.2 s, so callers that arrive
+    while one is answered queue up for the next."""
+    fake.delay_s = 0.2
+    return BatchingEmbedder(openai_embedder(embedding_request_size=8), max_texts=8)
+
+
+async def _after_first_request(fake: FakeProviders) -> None:
+    while not fake.requests:
+        await asyncio.sleep(0.005)
+
+
+def _assert_vectors(texts: list[str], vectors: list[np.ndarray]) -> None:
+    assert len(vectors) == len(texts)
+    for text, vector in zip(texts, vectors, strict=True):
+        np.testing.assert_allclose(vector, unit(fake_vector(text)), atol=1e-6)
+
+
+async def test_concurrent_embeds_share_one_request(
+    fake: FakeProviders, batcher: BatchingEmbedder
+) -> None:
+    first = asyncio.create_task(batcher.embed(["first"]))
+    await _after_first_request(fake)
+    callers = [[f"item {i} part {j}" for j in range(i % 2 + 1)] for i in range(5)]  # 7 texts
+    results = await asyncio.gather(*(batcher.embed(texts) for texts in callers))
+
+    _assert_vectors(["first"], await first)
+    for texts, vectors in zip(callers, results, strict=True):
+        _assert_vectors(texts, vectors)
+    assert [r.body["input"] for r in fake.requests] == [
+        ["first"], [t for texts in callers for t in texts]
+    ]
+    assert batcher.calls == 2
+
+
+async def test_merged_requests_stay_under_the_cap(
+    fake: FakeProviders, batcher: BatchingEmbedder
+) -> None:
+    first = asyncio.create_task(batcher.embed(["first"]))
+    await _after_first_request(fake)
+    callers = [[f"item {i} part {j}" for j in range(3)] for i in range(5)]  # 15 texts, cap 8
+    results = await asyncio.gather(*(batcher.embed(texts) for texts in callers))
+    await first
+
+    for texts, vectors in zip(callers, results, strict=True):
+        _assert_vectors(texts, vectors)
+    sizes = [len(r.body["input"]) for r in fake.requests]
+    assert sizes == [1, 6, 6, 3]  # whole callers only: two of three texts, twice, then one
+
+
+async def test_a_refused_text_fails_only_its_own_caller(
+    fake: FakeProviders, batcher: BatchingEmbedder
+) -> None:
+    first = asyncio.create_task(batcher.embed(["first"]))
+    await _after_first_request(fake)
+    good, bad, other = ["a good text"], [f"a {REFUSED_INPUT} text"], ["another", "good one"]
+    results = await asyncio.gather(
+        batcher.embed(good), batcher.embed(bad), batcher.embed(other), return_exceptions=True
+    )
+    await first
+
+    _assert_vectors(good, results[0])  # type: ignore[arg-type]
+    assert isinstance(results[1], PermanentError) and "400" in str(results[1])
+    _assert_vectors(other, results[2])  # type: ignore[arg-type]
+    inputs = [r.body["input"] for r in fake.requests]
+    assert inputs == [["first"], good + bad + other, good, bad, other]
+
+
+async def test_a_cancelled_caller_sends_nothing(
+    fake: FakeProviders, batcher: BatchingEmbedder
+) -> None:
+    first = asyncio.create_task(batcher.embed(["first"]))
+    await _after_first_request(fake)
+    doomed = asyncio.create_task(batcher.embed(["never sent"]))
+    kept = asyncio.create_task(batcher.embed(["kept"]))
+    await asyncio.sleep(0.02)
+    doomed.cancel()
+    _assert_vectors(["kept"], await kept)
+    await first
+    with pytest.raises(asyncio.CancelledError):
+        await doomed
+    assert [r.body["input"] for r in fake.requests] == [["first"], ["kept"]]
+
+
+async def test_a_long_call_goes_straight_to_the_provider(
+    fake: FakeProviders, batcher: BatchingEmbedder
+) -> None:
+    texts = [f"part {i}" for i in range(20)]
+    _assert_vectors(texts, await batcher.embed(texts))
+    assert [len(r.body["input"]) for r in fake.requests] == [8, 8, 4]
+    assert await batcher.embed([]) == []
+    assert batcher.calls == 1
 
 
 # ----------------------------------------------------------------------------- retries and faults

@@ -180,7 +180,7 @@ def build_worker(
     redis_pool: ArqRedis | None = None,
     sweep: bool = True,
     warm_up: bool = True,
-    poll_delay_s: float = 0.5,
+    poll_delay_s: float | None = None,
 ) -> Worker:
     """A worker for every job kind memmill has a task for. Tests pass `burst=True`; the queue
     benchmark, whose no-op jobs need no model, passes `warm_up=False`."""
@@ -192,7 +192,7 @@ def build_worker(
         redis_settings=RedisSettings.from_dsn(settings.redis_url) if redis_pool is None else None,
         redis_pool=redis_pool,
         burst=burst,
-        poll_delay=poll_delay_s,
+        poll_delay=settings.worker_poll_delay_s if poll_delay_s is None else poll_delay_s,
         on_startup=startup,
         on_shutdown=shutdown,
         handle_signals=not burst,

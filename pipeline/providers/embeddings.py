@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from pipeline.errors import PermanentError
+from pipeline.providers.batching import BatchingEmbedder
 from pipeline.providers.http import ProviderClient, SettingNames, bearer, secret_value
 from pipeline.settings import Settings
 
@@ -32,10 +33,13 @@ class Embedder(Protocol):
 class LocalEmbedder:
     """sentence-transformers on a single worker thread, loaded on first use."""
 
-    def __init__(self, *, model: str, dim: int, batch_size: int, threads: int = 0) -> None:
+    def __init__(
+        self, *, model: str, dim: int, batch_size: int, call_texts: int, threads: int = 0
+    ) -> None:
         self.model = model
         self.dim = dim
         self._batch_size = batch_size
+        self._call_texts = call_texts
         self._threads = threads
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder")
         self._loaded = None
@@ -69,13 +73,15 @@ class LocalEmbedder:
         return [np.asarray(v, dtype=np.float32) for v in vectors]
 
     async def embed(self, texts: list[str]) -> list[np.ndarray]:
-        """Encode in batch-sized calls: a cancelled job (timeout, shutdown grace over) stops
-        between batches instead of holding the model thread for its whole item."""
+        """Encode at most `call_texts` texts per model call. Within a call the model sorts the
+        texts by length before it cuts batches, which pads less the more texts it gets; between
+        calls a cancelled job (timeout, shutdown grace over) stops instead of holding the model
+        thread for a whole long document."""
         loop = asyncio.get_running_loop()
         vectors: list[np.ndarray] = []
-        for start in range(0, len(texts), self._batch_size):
-            batch = texts[start : start + self._batch_size]
-            vectors += await loop.run_in_executor(self._executor, self._encode, batch)
+        for start in range(0, len(texts), self._call_texts):
+            chunk = texts[start : start + self._call_texts]
+            vectors += await loop.run_in_executor(self._executor, self._encode, chunk)
         return vectors
 
     async def warm_up(self) -> None:
@@ -95,7 +101,7 @@ class _HTTPEmbedder(ABC):
     def __init__(self, settings: Settings) -> None:
         self.model = settings.embedding_model
         self.dim = settings.embedding_dim
-        self._batch_size = settings.embedding_batch_size
+        self._batch_size = settings.embedding_request_size
         self._api_key = secret_value(settings.embedding_api_key)
         self.client = ProviderClient(
             settings,
@@ -222,7 +228,8 @@ _HTTP_PROVIDERS: dict[str, type[_HTTPEmbedder]] = {
     "openai": OpenAIEmbedder,
     "ollama": OllamaEmbedder,
 }
-_SHARED: dict[tuple[Any, ...], Embedder] = {}
+_SHARED: dict[tuple[Any, ...], BatchingEmbedder] = {}
+LOCAL_CALL_TEXTS = 128
 
 
 def _key(settings: Settings) -> tuple[Any, ...]:
@@ -232,7 +239,7 @@ def _key(settings: Settings) -> tuple[Any, ...]:
         settings.embedding_provider,
         settings.embedding_model,
         settings.embedding_dim,
-        settings.embedding_batch_size,
+        settings.embedding_request_size,
         settings.embedding_base_url,
         secret_value(settings.embedding_api_key),
         settings.provider_timeout_s,
@@ -243,21 +250,34 @@ def _key(settings: Settings) -> tuple[Any, ...]:
     )
 
 
-def get_embedder(settings: Settings) -> Embedder:
-    """One embedder per process and configuration: the local weights are loaded once, and an
-    HTTP provider's connections and limits are shared by every job of the process."""
+def merged_call_texts(settings: Settings) -> int:
+    """The most texts one provider call takes when concurrent calls are merged: a local call
+    long enough for the model's length sort to pay and short enough to end within seconds; an
+    HTTP call of one request."""
+    if settings.embedding_provider == "local":
+        return LOCAL_CALL_TEXTS
+    return settings.embedding_request_size
+
+
+def get_embedder(settings: Settings) -> BatchingEmbedder:
+    """One embedder per process and configuration: the local weights are loaded once, an
+    HTTP provider's connections and limits are shared by every job of the process, and
+    concurrent calls from different jobs are merged into one provider call."""
     key = _key(settings)
     if key not in _SHARED:
         provider = settings.embedding_provider
+        inner: Embedder
         if provider == "local":
-            _SHARED[key] = LocalEmbedder(
+            inner = LocalEmbedder(
                 model=settings.embedding_model,
                 dim=settings.embedding_dim,
                 batch_size=settings.embedding_batch_size,
+                call_texts=merged_call_texts(settings),
                 threads=settings.embedding_threads,
             )
         elif provider in _HTTP_PROVIDERS:
-            _SHARED[key] = _HTTP_PROVIDERS[provider](settings)
+            inner = _HTTP_PROVIDERS[provider](settings)
         else:
             raise PermanentError(f"unknown embedding provider {provider!r}")
+        _SHARED[key] = BatchingEmbedder(inner, max_texts=merged_call_texts(settings))
     return _SHARED[key]
