@@ -216,6 +216,15 @@ class WorkerPublic(BaseModel):
     last_seen_at: datetime
 
 
+class EmbeddingIndexPublic(BaseModel):
+    """Which embedder made the index's vectors, and the progress of a reindex to another."""
+
+    model: str | None = Field(description="provider:model of the vectors searched now")
+    reindexing_to: str | None = Field(description="provider:model a reindex is building")
+    parts: int = Field(description="this tenant's parts")
+    reindexed_parts: int = Field(description="this tenant's parts with a vector of the new model")
+
+
 class JobStats(BaseModel):
     by_status: dict[str, int]
     by_kind: dict[str, dict[str, int]]
@@ -223,6 +232,7 @@ class JobStats(BaseModel):
     oldest_queued_at: datetime | None
     oldest_queued_age_s: float | None
     workers: list[WorkerPublic]
+    embedding_index: EmbeddingIndexPublic
 
 
 class AttemptDetail(AttemptPublic):

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import asyncpg
 import numpy as np
 
+from pipeline import reindex
 from pipeline.db import Q
 from pipeline.errors import BadInput
 from pipeline.providers.embeddings import QueryCache
@@ -90,6 +91,7 @@ async def search(
         settings.recency_half_life_days,
         params.limit,
         params.offset,
+        reindex.model_key(settings),
     )
     timings["sql"] = (time.perf_counter() - started) * 1000
     return SearchOutcome(

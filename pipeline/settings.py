@@ -74,7 +74,10 @@ class Settings(BaseSettings):
 
     # Queue and workers
     queue_name: str = "memmill:queue"
-    worker_max_jobs: int = Field(default=8, ge=1)
+    # Concurrent jobs per worker. Embed jobs mostly wait for the model, and the more of them
+    # wait at once, the larger the batch the model gets: 32 ingested SciFact about 20% faster
+    # than 8. CPU-bound extraction still runs one at a time per worker.
+    worker_max_jobs: int = Field(default=32, ge=1)
     # How long an idle worker waits before it looks at the queue again. arq reads at most
     # max_jobs ids per look, so this also caps how fast short jobs start: 0.5 s held a worker
     # to about 45 short jobs/s. An idle look is one cheap ZRANGEBYSCORE.

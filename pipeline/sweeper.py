@@ -3,7 +3,8 @@
 - running jobs whose lease expired (worker killed, machine lost) go back to queued;
 - queued jobs that are due and were not enqueued recently are enqueued again (Redis restarted,
   flushed, or the enqueue after commit failed). A job still in Redis is not duplicated: the
-  queue refuses a second job with the same id, and the ledger claim skips a job already taken.
+  queue refuses a second job with the same id, and the ledger claim skips a job already taken;
+- a reindex whose every part has its new vector is finished (see `pipeline.reindex`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from pipeline import jobs
+from pipeline import jobs, reindex
 from pipeline.db import Q
 from pipeline.jobs import Enqueuer, JobRef
 from pipeline.settings import Settings
@@ -39,6 +40,7 @@ async def sweep_once(pool: asyncpg.Pool, queue: Enqueuer, settings: Settings) ->
     # Reclaimed jobs are queued and unenqueued now, so the second query already returns them.
     refs = [JobRef(r["id"], r["kind"], r["attempts"]) for r in due]
     sent = await jobs.enqueue(pool, queue, refs, queue_name=settings.queue_name)
+    await reindex.finish_if_complete(pool)
     if expired:
         log.warning("sweeper reclaimed %d jobs whose lease expired", len(expired))
     if sent:

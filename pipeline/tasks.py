@@ -18,15 +18,17 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import asyncpg
+import numpy as np
 
-from pipeline import jobs
+from pipeline import jobs, reindex
 from pipeline.db import Q
 from pipeline.errors import PermanentError
 from pipeline.formats import Extracted, ExtractLimits, extract, sniff
 from pipeline.items import content_hash
 from pipeline.jobs import Enqueuer, JobRef, JobSpec
+from pipeline.providers.batching import BatchingEmbedder
 from pipeline.providers.chat import get_summarizer
-from pipeline.providers.embeddings import Embedder, get_embedder
+from pipeline.providers.embeddings import get_embedder
 from pipeline.providers.ocr import OcrLimits, ocr_image, ocr_pdf_pages
 from pipeline.settings import Settings
 from pipeline.stages.analyze import PAGE_BREAK, split_text
@@ -50,10 +52,10 @@ class Deps:
     settings: Settings
     queue: Enqueuer
     worker_id: str
-    _embedder: Embedder | None = field(default=None, repr=False)
+    _embedder: BatchingEmbedder | None = field(default=None, repr=False)
 
     @property
-    def embedder(self) -> Embedder:
+    def embedder(self) -> BatchingEmbedder:
         if self._embedder is None:
             self._embedder = get_embedder(self.settings)
         return self._embedder
@@ -264,34 +266,76 @@ async def analyze(job: asyncpg.Record, deps: Deps) -> Writer:
     return write
 
 
-async def embed(job: asyncpg.Record, deps: Deps) -> Writer:
-    """Embed the parts of one item version in one batch, reusing cached vectors by content hash."""
-    tenant_id, item_id, version = job["tenant_id"], job["item_id"], job["version"]
-    rows = await deps.pool.fetch(Q["parts.unembedded"], tenant_id, item_id, version)
-    embedder = deps.embedder
+async def _vectors(
+    deps: Deps, tenant_id: int, rows: Sequence[asyncpg.Record]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Vectors for the rows' texts by content hash: from the cache where it has them, from the
+    embedder for the rest. Returns (all, newly computed)."""
+    key = reindex.model_key(deps.settings)
     hashes = sorted({r["content_hash"] for r in rows})
     cached = {
         r["content_hash"]: r["embedding"]
-        for r in await deps.pool.fetch(
-            Q["parts.cached_embeddings"], tenant_id, embedder.model, hashes
-        )
+        for r in await deps.pool.fetch(Q["parts.cached_embeddings"], tenant_id, key, hashes)
     }
     todo: dict[str, str] = {}
     for r in rows:
         if r["content_hash"] not in cached:
             todo.setdefault(r["content_hash"], r["text"])
-    computed = dict(zip(todo, await embedder.embed(list(todo.values())), strict=True))
-    vectors = {**cached, **computed}
+    computed = dict(zip(todo, await deps.embedder.embed(list(todo.values())), strict=True))
+    return {**cached, **computed}, computed
+
+
+async def _cache(
+    conn: asyncpg.Connection, deps: Deps, tenant_id: int, computed: dict[str, np.ndarray]
+) -> None:
+    key = reindex.model_key(deps.settings)
+    await conn.executemany(
+        Q["parts.cache_embedding"],
+        [(tenant_id, key, digest, vector) for digest, vector in computed.items()],
+    )
+
+
+async def embed(job: asyncpg.Record, deps: Deps) -> Writer:
+    """Embed the parts of one item version; concurrent embed jobs share model calls (see
+    `providers.batching`), and cached vectors are reused by content hash. The vectors go to
+    the column the index says this embedder's vectors belong in."""
+    tenant_id, item_id, version = job["tenant_id"], job["item_id"], job["version"]
+    rows = await deps.pool.fetch(Q["parts.of_version"], tenant_id, item_id, version)
+    vectors, computed = await _vectors(deps, tenant_id, rows)
 
     async def write(conn: asyncpg.Connection) -> None:
+        column = await reindex.target(conn, reindex.model_key(deps.settings))
+        query = Q["parts.set_embedding"] if column == reindex.CURRENT else Q["reindex.set_next"]
         await conn.executemany(
-            Q["parts.set_embedding"],
-            [(tenant_id, r["id"], vectors[r["content_hash"]]) for r in rows],
+            query, [(tenant_id, r["id"], vectors[r["content_hash"]]) for r in rows]
         )
+        await _cache(conn, deps, tenant_id, computed)
+
+    return write
+
+
+async def reindex_page(job: asyncpg.Record, deps: Deps) -> Writer:
+    """Embed the next page of a tenant's parts for the reindex under way, then hand the rest
+    of the tenant's parts to the next job of the chain."""
+    tenant_id, after_id = job["tenant_id"], int(job["payload"].get("after_id", 0))
+    rows = await deps.pool.fetch(Q["reindex.page"], tenant_id, after_id, reindex.PAGE_PARTS)
+    vectors, computed = await _vectors(deps, tenant_id, rows)
+
+    async def write(conn: asyncpg.Connection) -> list[JobRef] | None:
+        if await reindex.target(conn, reindex.model_key(deps.settings)) != reindex.NEXT:
+            return None  # the reindex finished or was superseded while this page ran
         await conn.executemany(
-            Q["parts.cache_embedding"],
-            [(tenant_id, embedder.model, digest, v) for digest, v in computed.items()],
+            Q["reindex.set_next"], [(tenant_id, r["id"], vectors[r["content_hash"]]) for r in rows]
         )
+        await _cache(conn, deps, tenant_id, computed)
+        if len(rows) < reindex.PAGE_PARTS:
+            return None
+        created = await jobs.create_jobs(
+            conn, tenant_id=tenant_id, item_id=None, version=None,
+            specs=[JobSpec(jobs.REINDEX)], max_attempts=deps.settings.max_attempts_for,
+            payload={"after_id": rows[-1]["id"]},
+        )
+        return jobs.refs_to_enqueue(created)
 
     return write
 
@@ -325,5 +369,6 @@ TASKS: dict[str, Task] = {
     jobs.OCR: ocr,
     jobs.ANALYZE: analyze,
     jobs.EMBED: embed,
+    jobs.REINDEX: reindex_page,
     jobs.SUMMARIZE: summarize_item,
 }

@@ -21,6 +21,9 @@ from pipeline import tenants
 from pipeline.db import create_pool, migrate
 from pipeline.settings import Settings
 
+# The fake provider server (`fake`): HTTP providers are tested against their real wire format.
+pytest_plugins = ["tests.fake_providers"]
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 TEMPLATE = "memmill_template"
 

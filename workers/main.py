@@ -18,7 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.exceptions import WatchError
 
-from pipeline import jobs
+from pipeline import jobs, reindex
 from pipeline.db import Q, create_pool
 from pipeline.jobs import JobRef
 from pipeline.providers.embeddings import get_embedder
@@ -105,6 +105,9 @@ def _job_function(kind: str, timeout_s: float) -> Function:
     return func(job, name=kind, timeout=timeout_s, max_tries=1)
 
 
+WORKER_POOL_MAX = 8
+
+
 async def startup(ctx: dict[str, Any]) -> None:
     settings: Settings = ctx["settings"]
     if settings.database_url is None:
@@ -112,7 +115,9 @@ async def startup(ctx: dict[str, Any]) -> None:
     pool = await create_pool(
         settings.database_url,
         min_size=1,
-        max_size=settings.worker_max_jobs + 2,
+        # A job holds a connection only for its statements, not while it waits on the model,
+        # so many concurrent jobs share a few connections.
+        max_size=min(settings.worker_max_jobs, WORKER_POOL_MAX) + 2,
         ef_search=settings.hnsw_ef_search,
     )
     ctx["deps"] = Deps(
@@ -125,6 +130,8 @@ async def startup(ctx: dict[str, Any]) -> None:
     # to outlive its lease on a slow machine, and the load would count against its timeout.
     if ctx.get("warm_up", True):
         await get_embedder(settings).warm_up()
+    # A new embedding model re-embeds the index in the background (a no-op when it matches).
+    await reindex.start(pool, ctx["redis"], settings)
     ctx["background"] = [asyncio.create_task(_heartbeat_forever(ctx["deps"]))]
     if ctx.get("sweep", True):
         ctx["background"].append(

@@ -7,8 +7,8 @@ from uuid import UUID
 from fastapi import APIRouter, Query
 
 from api.deps import CurrentTenant, PoolDep, QueueDep, SettingsDep
-from api.schemas import AttemptPublic, JobPublic, JobsPublic, JobStats
-from pipeline import jobs, ledger
+from api.schemas import AttemptPublic, EmbeddingIndexPublic, JobPublic, JobsPublic, JobStats
+from pipeline import jobs, ledger, reindex
 from pipeline.db import Q
 from pipeline.errors import NotFound
 
@@ -58,7 +58,14 @@ async def job_stats(
         depth = None
     oldest = figures["oldest_queued_at"]
     age = (datetime.now(UTC) - oldest).total_seconds() if oldest else None
-    return JobStats(**figures, queue_depth=depth, oldest_queued_age_s=age)
+    index = await reindex.state(pool, tenant_id=tenant)
+    return JobStats(
+        **figures, queue_depth=depth, oldest_queued_age_s=age,
+        embedding_index=EmbeddingIndexPublic(
+            model=index.model, reindexing_to=index.next_model, parts=index.parts,
+            reindexed_parts=index.done,
+        ),
+    )
 
 
 @router.get("/{job_id}", response_model=JobPublic)

@@ -10,9 +10,11 @@ SELECT $1, $2, $3, p.position, p.text, p.meta, p.content_hash
 FROM unnest($4::integer[], $5::text[], $6::jsonb[], $7::text[])
      AS p(position, text, meta, content_hash);
 
--- name: unembedded
+-- All of them, not only those without a vector: during a reindex the vectors go to
+-- embedding_next, and a re-run finds what it computed in the cache.
+-- name: of_version
 SELECT id, text, content_hash FROM parts
-WHERE tenant_id = $1 AND item_id = $2 AND version = $3 AND embedding IS NULL
+WHERE tenant_id = $1 AND item_id = $2 AND version = $3
 ORDER BY position;
 
 -- Run with executemany (pipelined): the vector codec is binary and has no array form.

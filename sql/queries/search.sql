@@ -4,18 +4,33 @@
 -- multiplied by (k+1), its largest possible value's inverse, so it lies in [0, 1] before the
 -- rerank signals are blended in.
 -- $1 tenant, $2 query text, $3 query vector, $4 candidates per list, $5 alpha, $6 use vectors,
--- $7 use full text, $8 k, $9 blend, $10 recency half-life (days), $11 limit, $12 offset
+-- $7 use full text, $8 k, $9 blend, $10 recency half-life (days), $11 limit, $12 offset,
+-- $13 the query embedder (provider:model). Vectors are compared with the query only when the
+-- same embedder made them: the current column, or the one a reindex to it is building.
 -- name: hybrid
 WITH q AS (
     SELECT websearch_to_tsquery('english', $2) AS query
 ),
+ix AS (
+    SELECT coalesce(model, $13) = $13 AS current,
+           next_model = $13 AS next
+    FROM embedding_index
+),
 vec AS (
     SELECT id, row_number() OVER (ORDER BY distance, id) AS rank
-    FROM (SELECT p.id, p.embedding <=> $3 AS distance
-          FROM parts p
-          WHERE $6 AND p.tenant_id = $1 AND p.embedding IS NOT NULL
-          ORDER BY p.embedding <=> $3
-          LIMIT $4) v
+    FROM ((SELECT p.id, p.embedding <=> $3 AS distance
+           FROM parts p
+           WHERE $6 AND (SELECT current FROM ix) AND p.tenant_id = $1
+             AND p.embedding IS NOT NULL
+           ORDER BY p.embedding <=> $3
+           LIMIT $4)
+          UNION ALL
+          (SELECT p.id, p.embedding_next <=> $3 AS distance
+           FROM parts p
+           WHERE $6 AND (SELECT next FROM ix) AND p.tenant_id = $1
+             AND p.embedding_next IS NOT NULL
+           ORDER BY p.embedding_next <=> $3
+           LIMIT $4)) v
 ),
 fts AS (
     SELECT id, row_number() OVER (ORDER BY score DESC, id) AS rank
