@@ -88,6 +88,12 @@ async def start(pool: asyncpg.Pool, queue: Enqueuer, settings: Settings) -> Inde
     no-op when it already matches or is being rebuilt for it. Safe to race: the index row
     is locked while the jobs are created."""
     key = model_key(settings)
+    dimension = await pool.fetchval(Q["reindex.dimension"])
+    if dimension != settings.embedding_dim:
+        raise RuntimeError(
+            f"MEMMILL_EMBEDDING_DIM is {settings.embedding_dim} but the index stores vectors of "
+            f"{dimension} dimensions: choose a model of {dimension} dimensions"
+        )
     refs: list[JobRef] = []
     async with pool.acquire() as conn, conn.transaction():
         row = await conn.fetchrow(Q["reindex.state_for_update"])

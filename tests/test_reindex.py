@@ -136,3 +136,11 @@ async def test_the_first_embedder_claims_an_empty_index(
     assert (state.model, state.next_model) == (LOCAL, None)
     assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
     assert not await reindex.finish_if_complete(pool)
+
+
+async def test_a_model_of_another_dimension_is_refused_at_start(
+    settings: Settings, pool: asyncpg.Pool, queue: ArqRedis
+) -> None:
+    with pytest.raises(RuntimeError, match=r"MEMMILL_EMBEDDING_DIM is 768 .* 384 dimensions"):
+        await reindex.start(pool, queue, settings.model_copy(update={"embedding_dim": 768}))
+    assert (await reindex.state(pool)).model is None

@@ -10,6 +10,7 @@ import asyncpg
 import httpx
 import pytest
 
+from pipeline import reindex
 from pipeline.settings import Settings
 from tests.conftest import drain
 
@@ -168,7 +169,7 @@ async def test_the_same_content_is_embedded_separately_per_tenant(
     )
     by_tenant: dict[int, dict[str, Any]] = {}
     for row in cache:
-        assert row["model"] == settings.embedding_model
+        assert row["model"] == reindex.model_key(settings)
         by_tenant.setdefault(row["tenant_id"], {})[row["content_hash"]] = row["embedding"]
     assert set(by_tenant) == {tenant[0], other_tenant[0]}
     part_hashes = {

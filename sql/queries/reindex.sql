@@ -43,3 +43,7 @@ WHERE embedding_next IS NOT NULL;
 
 -- name: finish
 UPDATE embedding_index SET model = next_model, next_model = NULL, finished_at = now();
+
+-- pgvector keeps a vector column's dimension in its type modifier.
+-- name: dimension
+SELECT atttypmod FROM pg_attribute WHERE attrelid = 'parts'::regclass AND attname = 'embedding';
