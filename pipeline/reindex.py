@@ -100,7 +100,8 @@ async def start(pool: asyncpg.Pool, queue: Enqueuer, settings: Settings) -> Inde
         if row["model"] is None:
             await conn.execute(Q["reindex.claim_model"], key)
         elif row["model"] != key and row["next_model"] != key:
-            await conn.execute(Q["reindex.clear_next"])
+            if row["next_model"] is not None:  # only an abandoned reindex left vectors there
+                await conn.execute(Q["reindex.clear_next"])
             await conn.execute(Q["reindex.begin"], key)
             for tenant in await conn.fetch(Q["reindex.tenants_with_parts"]):
                 rows = await jobs.create_jobs(

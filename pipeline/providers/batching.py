@@ -44,7 +44,7 @@ class BatchingEmbedder:
         self._pending: deque[_Request] = deque()
         self._drainer: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.calls = 0  # provider calls made, for tests and the benchmark to see the merging
+        self.calls = 0  # provider calls made, so tests can see the merging
 
     async def warm_up(self) -> None:
         await self.inner.warm_up()
