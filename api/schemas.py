@@ -4,12 +4,23 @@ typo or a number where a string belongs is a 422 rather than a silent coercion."
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
-from pipeline.search import Mode
+from pipeline import search
+from pipeline.search import Fusion, GroupBy, Mode
 
 
 class Strict(BaseModel):
@@ -151,14 +162,87 @@ class JobPublic(BaseModel):
     history: list[AttemptPublic]
 
 
+MAX_FILTER_VALUES = 1000
+
+
+def _iso_text(value: object) -> object:
+    # JSON has no time type: a time is text. A bare number would pass as Unix seconds.
+    if not isinstance(value, str):
+        raise ValueError("must be an ISO 8601 date-time string with a time zone")
+    return value
+
+
+# Parsed from text even though requests are strict, with a time zone required.
+IsoTime = Annotated[AwareDatetime, BeforeValidator(_iso_text), Field(strict=False)]
+
+
+class SearchFilters(Strict):
+    """What a result's item must match. Every field narrows; an unknown field is a 422."""
+
+    tags: dict[StrictStr, StrictStr | list[StrictStr]] = Field(
+        default_factory=dict,
+        description='{"key": "value"} for that value, {"key": ["a", "b"]} for any of them;'
+        " every key must match; system tags (_media_type, ...) too",
+    )
+    kinds: list[StrictStr] | None = Field(default=None, min_length=1, max_length=100)
+    item_ids: list[StrictStr] | None = Field(
+        default=None, min_length=1, max_length=MAX_FILTER_VALUES)
+    created_after: IsoTime | None = None
+    created_before: IsoTime | None = None
+    updated_after: IsoTime | None = None
+    updated_before: IsoTime | None = None
+    valid_only: StrictBool = Field(
+        default=False, description="only items whose every job is done (status ready)")
+
+    @field_validator("tags")
+    @classmethod
+    def _tag_values(cls, tags: dict[str, str | list[str]]) -> dict[str, str | list[str]]:
+        if len(tags) > 50:
+            raise ValueError("at most 50 tag keys")
+        for key, value in tags.items():
+            if isinstance(value, list) and not 1 <= len(value) <= MAX_FILTER_VALUES:
+                raise ValueError(
+                    f"tag {key!r}: a list of values needs 1 to {MAX_FILTER_VALUES} of them")
+        return tags
+
+    @model_validator(mode="after")
+    def _ranges(self) -> SearchFilters:
+        for name in ("created", "updated"):
+            after, before = getattr(self, f"{name}_after"), getattr(self, f"{name}_before")
+            if after is not None and before is not None and after >= before:
+                raise ValueError(f"{name}_after must be earlier than {name}_before")
+        return self
+
+    def to_pipeline(self) -> search.SearchFilters:
+        return search.SearchFilters(
+            tags={k: v if isinstance(v, list) else [v] for k, v in self.tags.items()},
+            kinds=self.kinds,
+            item_ids=self.item_ids,
+            created_after=self.created_after,
+            created_before=self.created_before,
+            updated_after=self.updated_after,
+            updated_before=self.updated_before,
+            valid_only=self.valid_only,
+        )
+
+
 class SearchRequest(Strict):
     query: StrictStr = Field(min_length=1)
     mode: Mode = "hybrid"
     limit: int = Field(default=10, ge=1, le=100)
     offset: int = Field(default=0, ge=0, le=1000)
-    alpha: float | None = Field(default=None, ge=0, le=1)
-    k: int | None = Field(default=None, ge=1, le=1000)
-    blend: float | None = Field(default=None, ge=0, le=1)
+    alpha: float | None = Field(
+        default=None, ge=0, le=1, description="the vector side's weight in the fusion")
+    k: int | None = Field(default=None, ge=1, le=1000, description="RRF's k")
+    blend: float | None = Field(
+        default=None, ge=0, le=1, description="weight of recency and use against relevance")
+    fusion: Fusion | None = Field(
+        default=None, description="score (normalized scores, the default) or rrf (ranks)")
+    group_by: GroupBy = Field(
+        default="part", description="part: every matching part; item: each item's best part")
+    filters: SearchFilters = Field(default_factory=SearchFilters)
+    track: StrictBool = Field(
+        default=True, description="count the results as accessed (the use signal)")
 
     @field_validator("query")
     @classmethod
@@ -167,6 +251,20 @@ class SearchRequest(Strict):
         if "\x00" in query:
             raise ValueError("query must not contain NUL characters")
         return query
+
+    def to_pipeline(self) -> search.SearchParams:
+        return search.SearchParams(
+            query=self.query,
+            mode=self.mode,
+            limit=self.limit,
+            offset=self.offset,
+            alpha=self.alpha,
+            k=self.k,
+            blend=self.blend,
+            fusion=self.fusion,
+            group_by=self.group_by,
+            filters=self.filters.to_pipeline(),
+        )
 
 
 class SearchItem(BaseModel):
@@ -179,8 +277,14 @@ class SearchItem(BaseModel):
 
 
 class SearchScores(BaseModel):
+    """Why a result ranked where it did: its rank and score on each side among the
+    candidates (null where that side did not score it), the fused relevance in [0, 1], and
+    the final score after the blend with recency and use."""
+
     fts_rank: int | None
     vector_rank: int | None
+    fts: float | None = Field(description="BM25")
+    vector: float | None = Field(description="cosine similarity")
     fused: float
     final: float
 

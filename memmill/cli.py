@@ -284,19 +284,70 @@ def delete(
         console.print(f"{answer['id']}  reverted to v{answer['version']}")
 
 
+def _search_filters(tags: list[str], kinds: list[str], items: list[str],
+                    dates: dict[str, str | None], valid_only: bool) -> dict[str, Any]:
+    """The API's `filters` object from the command line: a tag key given twice matches
+    either value."""
+    any_of: dict[str, list[str]] = {}
+    for tag in tags:
+        key, sep, value = tag.partition("=")
+        if not sep or not key:
+            err.print(f"[red]error:[/] tag {tag!r} must look like key=value")
+            raise typer.Exit(2)
+        any_of.setdefault(key, []).append(value)
+    filters: dict[str, Any] = {k: v for k, v in dates.items() if v is not None}
+    if any_of:
+        filters["tags"] = {k: v[0] if len(v) == 1 else v for k, v in any_of.items()}
+    if kinds:
+        filters["kinds"] = kinds
+    if items:
+        filters["item_ids"] = items
+    if valid_only:
+        filters["valid_only"] = True
+    return filters
+
+
+DateOpt = Annotated[str | None, typer.Option(help="ISO 8601 with a time zone.")]
+
+
 @app.command()
 def search(
     query: str,
     limit: Annotated[int, typer.Option(min=1, max=100)] = 10,
+    offset: Annotated[int, typer.Option(min=0, max=1000)] = 0,
     mode: Annotated[str, typer.Option(help="hybrid, fts or semantic.")] = "hybrid",
+    items: Annotated[bool, typer.Option("--items", help="One result per item.")] = False,
+    tag: Annotated[list[str], typer.Option(
+        "--tag", help="key=value; repeat a key for any of its values.")] = [],  # noqa: B006
+    kind: Annotated[list[str], typer.Option("--kind", help="Item kind; repeatable.")] = [],  # noqa: B006
+    item: Annotated[list[str], typer.Option("--item", help="Item id; repeatable.")] = [],  # noqa: B006
+    created_after: DateOpt = None,
+    created_before: DateOpt = None,
+    updated_after: DateOpt = None,
+    updated_before: DateOpt = None,
+    valid_only: Annotated[bool, typer.Option(help="Only items that are ready.")] = False,
+    alpha: Annotated[float | None, typer.Option(help="Vector side's weight, 0-1.")] = None,
+    k: Annotated[int | None, typer.Option(help="RRF's k.")] = None,
+    blend: Annotated[float | None, typer.Option(help="Recency and use weight, 0-1.")] = None,
+    fusion: Annotated[str | None, typer.Option(help="score or rrf.")] = None,
+    track: Annotated[bool, typer.Option(help="Count the results as accessed.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw response.")] = False,
     url: UrlOpt = None,
     key: KeyOpt = None,
 ) -> None:
-    """Search parts by hybrid (full-text + vector) search."""
+    """Search parts by hybrid (BM25 full-text + vector) search."""
+    body: dict[str, Any] = {"query": query, "limit": limit, "offset": offset, "mode": mode,
+                            "group_by": "item" if items else "part", "track": track}
+    options = {"alpha": alpha, "k": k, "blend": blend, "fusion": fusion}
+    body.update({name: value for name, value in options.items() if value is not None})
+    dates = {"created_after": created_after, "created_before": created_before,
+             "updated_after": updated_after, "updated_before": updated_before}
+    filters = _search_filters(tag, kind, item, dates, valid_only)
+    if filters:
+        body["filters"] = filters
     with make_client(url, key) as client:
         try:
-            response = client.search({"query": query, "limit": limit, "mode": mode})
+            response = client.search(body)
         except ApiError as exc:
             raise _fail(exc) from None
     if as_json:
@@ -305,7 +356,7 @@ def search(
     for warning in response["warnings"]:
         err.print(f"[yellow]warning:[/] {warning}")
     table = Table("#", "score", "fts", "vec", "item", "snippet", show_lines=False)
-    for n, r in enumerate(response["results"], 1):
+    for n, r in enumerate(response["results"], offset + 1):
         s = r["scores"]
         snippet = escape(r["snippet"]).replace("<<", "[bold]").replace(">>", "[/bold]")
         snippet = snippet.replace("\n", " ")
@@ -318,6 +369,8 @@ def search(
             snippet,
         )
     console.print(table)
+    if not response["results"]:
+        err.print("no results")
 
 
 @app.command()

@@ -1,11 +1,14 @@
-"""Hybrid search: full-text and vector candidates fused by normalized Reciprocal Rank Fusion,
-then blended with rerank signals (recency, access). The SQL is in sql/queries/search.sql."""
+"""Hybrid search: BM25 full-text and vector candidates, each scored on both sides, fused into
+[0, 1] (normalized scores by default, or Reciprocal Rank Fusion), then blended with rerank
+signals (recency, access). The SQL is in sql/queries/search.sql."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
 import asyncpg
@@ -20,7 +23,51 @@ from pipeline.settings import Settings
 log = logging.getLogger(__name__)
 
 Mode = Literal["hybrid", "fts", "semantic"]
+Fusion = Literal["score", "rrf"]
+GroupBy = Literal["part", "item"]
 MAX_QUERY_CHARS = 2000
+MAX_CANDIDATES = 1000
+# How search.hybrid applies a filter ($16).
+FILTER_NONE, FILTER_LISTED, FILTER_CHECKED = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class SearchFilters:
+    """What a result's item must match; every field set narrows, an empty filter keeps all.
+    `tags` maps a key to the values any one of which it may have."""
+
+    tags: dict[str, list[str]] = field(default_factory=dict)
+    kinds: list[str] | None = None
+    item_ids: list[str] | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    updated_after: datetime | None = None
+    updated_before: datetime | None = None
+    valid_only: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self != SearchFilters()
+
+    def sql_args(self) -> tuple[Any, ...]:
+        """The filter as search_item_matches() takes it (after the item)."""
+        return (tags_predicate(self.tags), self.kinds, self.item_ids, self.created_after,
+                self.created_before, self.updated_after, self.updated_before, self.valid_only)
+
+
+def tags_predicate(tags: dict[str, list[str]]) -> str | None:
+    """A jsonpath predicate that holds when every key has one of its values, e.g.
+    `($."lang" == "en" || $."lang" == "fr") && $."team" == "core"`. Keys and values are
+    written as JSON strings, whose escapes jsonpath reads the same way, so no text of the
+    caller's can change the predicate's shape; Postgres answers it from the GIN index."""
+    if not tags:
+        return None
+    clauses = []
+    for key, values in tags.items():
+        path = f"$.{json.dumps(key, ensure_ascii=False)}"
+        options = [f"{path} == {json.dumps(v, ensure_ascii=False)}" for v in values]
+        clauses.append(options[0] if len(options) == 1 else f"({' || '.join(options)})")
+    return " && ".join(clauses)
 
 
 @dataclass(frozen=True)
@@ -32,6 +79,9 @@ class SearchParams:
     alpha: float | None = None
     k: int | None = None
     blend: float | None = None
+    fusion: Fusion | None = None
+    group_by: GroupBy = "part"
+    filters: SearchFilters = field(default_factory=SearchFilters)
 
 
 @dataclass
@@ -75,28 +125,63 @@ async def search(
             warnings.append(f"embedder unavailable ({type(exc).__name__}); fell back to fts")
             mode = "fts"
         timings["embed"] = (time.perf_counter() - started) * 1000
-    alpha = _alpha_for(mode, settings.rrf_alpha if params.alpha is None else params.alpha)
+    alpha = _alpha_for(mode, settings.search_alpha if params.alpha is None else params.alpha)
     started = time.perf_counter()
-    rows = await pool.fetch(
-        Q["search.hybrid"],
-        tenant_id,
-        text,
-        vector,
-        max(settings.search_candidates, params.limit + params.offset),
-        alpha,
-        mode != "fts",
-        mode != "semantic",
-        settings.rrf_k if params.k is None else params.k,
-        settings.rerank_blend if params.blend is None else params.blend,
-        settings.recency_half_life_days,
-        params.limit,
-        params.offset,
-        reindex.model_key(settings),
-    )
+    async with pool.acquire() as conn, conn.transaction():
+        filter_mode, listed = FILTER_NONE, None
+        if params.filters.active:
+            filter_mode, listed = await _filtered_items(conn, tenant_id, params.filters,
+                                                        settings.search_exact_items)
+        # One plan for every search. Planning this statement costs about 2 ms, more than
+        # most of its execution, and Postgres would plan it anew each time since a custom
+        # plan always looks cheaper; the statement is written so that its generic plan fits
+        # every combination of options.
+        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        rows = await conn.fetch(
+            Q["search.hybrid"],
+            tenant_id,
+            text,
+            vector,
+            _candidates(params, settings),
+            alpha,
+            mode != "fts",
+            mode != "semantic",
+            settings.rrf_k if params.k is None else params.k,
+            settings.rerank_blend if params.blend is None else params.blend,
+            settings.recency_half_life_days,
+            params.limit,
+            params.offset,
+            reindex.model_key(settings),
+            params.fusion or settings.search_fusion,
+            settings.fts_candidate_postings,
+            filter_mode,
+            listed,
+            *params.filters.sql_args(),
+            params.group_by == "item",
+        )
     timings["sql"] = (time.perf_counter() - started) * 1000
     return SearchOutcome(
         results=[_result(r) for r in rows], mode=mode, warnings=warnings, timings_ms=timings
     )
+
+
+async def _filtered_items(conn: asyncpg.Connection, tenant_id: int, filters: SearchFilters,
+                          few: int) -> tuple[int, list[str] | None]:
+    """How the search applies a filter: with the list of items that pass when there are at
+    most `few` of them, by checking each candidate's item otherwise."""
+    await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+    ids = [r["id"] for r in await conn.fetch(
+        Q["search.filtered_items"], tenant_id, *filters.sql_args(), few + 1)]
+    if len(ids) <= few:
+        return FILTER_LISTED, ids
+    return FILTER_CHECKED, None
+
+
+def _candidates(params: SearchParams, settings: Settings) -> int:
+    """Candidates per side: enough for the page asked for, twice that when results are items,
+    since an item's several parts can fill several candidate places."""
+    wanted = (params.limit + params.offset) * (2 if params.group_by == "item" else 1)
+    return min(max(settings.search_candidates, wanted), MAX_CANDIDATES)
 
 
 def _result(row: asyncpg.Record) -> dict[str, Any]:
@@ -116,6 +201,8 @@ def _result(row: asyncpg.Record) -> dict[str, Any]:
         "scores": {
             "fts_rank": row["fts_rank"],
             "vector_rank": row["vector_rank"],
+            "fts": row["fts_score"],
+            "vector": row["vector_score"],
             "fused": float(row["fused"]),
             "final": float(row["final"]),
         },

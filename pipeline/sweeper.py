@@ -4,7 +4,8 @@
 - queued jobs that are due and were not enqueued recently are enqueued again (Redis restarted,
   flushed, or the enqueue after commit failed). A job still in Redis is not duplicated: the
   queue refuses a second job with the same id, and the ledger claim skips a job already taken;
-- a reindex whose every part has its new vector is finished (see `pipeline.reindex`).
+- a reindex whose every part has its new vector is finished (see `pipeline.reindex`);
+- tenants whose parts changed get their word statistics recounted (see `pipeline.text_stats`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from pipeline import jobs, reindex
+from pipeline import jobs, reindex, text_stats
 from pipeline.db import Q
 from pipeline.jobs import Enqueuer, JobRef
 from pipeline.settings import Settings
@@ -41,6 +42,7 @@ async def sweep_once(pool: asyncpg.Pool, queue: Enqueuer, settings: Settings) ->
     refs = [JobRef(r["id"], r["kind"], r["attempts"]) for r in due]
     sent = await jobs.enqueue(pool, queue, refs, queue_name=settings.queue_name)
     await reindex.finish_if_complete(pool)
+    await text_stats.refresh_stale(pool, interval_s=settings.text_stats_interval_s)
     if expired:
         log.warning("sweeper reclaimed %d jobs whose lease expired", len(expired))
     if sent:

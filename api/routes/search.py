@@ -5,7 +5,6 @@ from fastapi import APIRouter, BackgroundTasks
 from api.deps import CurrentTenant, PoolDep, QueryCacheDep, SettingsDep
 from api.schemas import SearchRequest, SearchResponse
 from pipeline import search as search_mod
-from pipeline.search import SearchParams
 
 router = APIRouter(prefix="/v1", tags=["search"])
 
@@ -19,16 +18,16 @@ async def search(
     settings: SettingsDep,
     background: BackgroundTasks,
 ) -> SearchResponse:
-    """Hybrid search over parts; each result says why it ranked (both ranks, fused and final)."""
+    """Hybrid search over parts; each result says why it ranked (ranks and scores on both
+    sides, fused and final)."""
     outcome = await search_mod.search(
-        pool,
-        queries,
-        settings,
-        tenant_id=tenant,
-        params=SearchParams(**body.model_dump()),
+        pool, queries, settings, tenant_id=tenant, params=body.to_pipeline()
     )
-    # Access tracking runs after the response is sent, in one batched statement.
-    background.add_task(search_mod.touch, pool, tenant, [r["item"]["id"] for r in outcome.results])
+    if body.track:
+        # Access tracking runs after the response is sent, in one batched statement.
+        background.add_task(
+            search_mod.touch, pool, tenant, [r["item"]["id"] for r in outcome.results]
+        )
     return SearchResponse(
         query=body.query,
         mode=outcome.mode,

@@ -1,73 +1,170 @@
--- Hybrid search in one round trip. Vector candidates come from the HNSW index (iterative scan
--- keeps the tenant filter exact), full-text candidates from the GIN index; a candidate missing
--- from one list takes rank n+1 there (n = that list's length). The fused RRF score is
--- multiplied by (k+1), its largest possible value's inverse, so it lies in [0, 1] before the
--- rerank signals are blended in.
--- $1 tenant, $2 query text, $3 query vector, $4 candidates per list, $5 alpha, $6 use vectors,
--- $7 use full text, $8 k, $9 blend, $10 recency half-life (days), $11 limit, $12 offset,
--- $13 the query embedder (provider:model). Vectors are compared with the query only when the
--- same embedder made them: the current column, or the one a reindex to it is building.
+-- Hybrid search in one round trip.
+--
+-- Candidates: the HNSW index's nearest parts (iterative scans keep a filter exact) and the
+-- best BM25 parts among those that contain one of the query's rarest words (the GIN index;
+-- the rarest words whose document frequencies add up to at most $15, at least one word: a
+-- part with none of them cannot outscore one that has them by much, and the candidate set
+-- stays small whatever common words the query holds). Every candidate then gets both exact
+-- scores, cosine similarity and BM25 (`terms <#> weights`, see migration 0005), so a part
+-- found by one side is not penalised for being missing from the other; the scores are fused
+-- by search_fused() into [0, 1] and blended with recency and use by search_final().
+--
+-- Filters: pipeline/search.py first lists the items that pass (filtered_items); when they
+-- are few, the vector side ranks exactly those items' parts (mode 1: exact, and faster than
+-- an index scan that would have to skip most of what it finds); when they are many, the HNSW
+-- scan checks each candidate's item (mode 2), and iterative scans keep going until enough
+-- pass. The check is a scalar sub-select on purpose: written as EXISTS, Postgres hashes it,
+-- which means checking every item of the tenant first. The statement runs with a generic plan (see search.py), so every option is a
+-- parameter that switches a branch on or off at run time.
+--
+-- $1 tenant, $2 query text, $3 query vector, $4 candidates per side, $5 alpha (vector
+-- weight), $6 use vectors, $7 use full text, $8 k (rrf), $9 blend, $10 recency half-life
+-- (days), $11 limit, $12 offset, $13 the query embedder (provider:model: vectors are compared
+-- with the query only when the same embedder made them, in the current column or the one a
+-- reindex to it is building), $14 fusion ('score' or 'rrf'), $15 postings budget of the
+-- full-text candidates, $16 filter mode (0 none, 1 only the items in $17, 2 check each
+-- candidate's item against $18-$25, the filter as search_item_matches() takes it), $17 item
+-- ids, $26 one result per item (its best part).
 -- name: hybrid
-WITH q AS (
-    SELECT websearch_to_tsquery('english', $2) AS query
+WITH terms AS (
+    SELECT u.lexeme, lexeme_dim(u.lexeme) AS dim, coalesce(s.parts, 0) AS df
+    FROM unnest(to_tsvector('english', $2)) u
+    LEFT JOIN lexeme_stats s ON s.tenant_id = $1 AND s.lexeme = u.lexeme
+),
+corpus AS (
+    SELECT greatest((SELECT parts FROM text_stats WHERE tenant_id = $1),
+                    (SELECT max(df) FROM terms), 0) AS n
+),
+q AS (
+    SELECT
+        (SELECT ('{' || string_agg(dim || ':' || idf, ',' ORDER BY dim)
+                 || '}/268435456')::sparsevec
+         FROM (SELECT t.dim, sum(ln(1 + (c.n - t.df + 0.5) / (t.df + 0.5))) AS idf
+               FROM terms t, corpus c GROUP BY t.dim) w) AS weights,
+        (SELECT string_agg(tsquery_literal(lexeme), ' | ')::tsquery FROM terms) AS every_word,
+        (SELECT string_agg(tsquery_literal(lexeme), ' | ')::tsquery
+         FROM (SELECT lexeme,
+                      sum(df) OVER (ORDER BY df, lexeme) AS postings,
+                      row_number() OVER (ORDER BY df, lexeme) AS n
+               FROM terms) rarest
+         WHERE n = 1 OR postings <= $15) AS rare_words
 ),
 ix AS (
     SELECT coalesce(model, $13) = $13 AS current,
-           next_model = $13 AS next
+           next_model IS NOT DISTINCT FROM $13 AS next
     FROM embedding_index
 ),
+listed AS MATERIALIZED (
+    SELECT unnest($17::text[]) AS id WHERE $16 = 1
+),
 vec AS (
-    SELECT id, row_number() OVER (ORDER BY distance, id) AS rank
-    FROM ((SELECT p.id, p.embedding <=> $3 AS distance
-           FROM parts p
-           WHERE $6 AND (SELECT current FROM ix) AND p.tenant_id = $1
-             AND p.embedding IS NOT NULL
-           ORDER BY p.embedding <=> $3
-           LIMIT $4)
-          UNION ALL
-          (SELECT p.id, p.embedding_next <=> $3 AS distance
-           FROM parts p
-           WHERE $6 AND (SELECT next FROM ix) AND p.tenant_id = $1
-             AND p.embedding_next IS NOT NULL
-           ORDER BY p.embedding_next <=> $3
-           LIMIT $4)) v
+    (SELECT p.id
+     FROM parts p
+     WHERE $6 AND $16 <> 1 AND (SELECT current FROM ix) AND p.tenant_id = $1
+       AND p.embedding IS NOT NULL
+       AND ($16 = 0 OR (
+               SELECT search_item_matches(i, $18, $19, $20, $21, $22, $23, $24, $25)
+               FROM items i WHERE i.tenant_id = $1 AND i.id = p.item_id))
+     ORDER BY p.embedding <=> $3
+     LIMIT $4)
+    UNION ALL
+    (SELECT p.id
+     FROM parts p
+     WHERE $6 AND $16 <> 1 AND (SELECT next FROM ix) AND p.tenant_id = $1
+       AND p.embedding_next IS NOT NULL
+       AND ($16 = 0 OR (
+               SELECT search_item_matches(i, $18, $19, $20, $21, $22, $23, $24, $25)
+               FROM items i WHERE i.tenant_id = $1 AND i.id = p.item_id))
+     ORDER BY p.embedding_next <=> $3
+     LIMIT $4)
+    UNION ALL
+    (SELECT p.id
+     FROM parts p
+     WHERE $6 AND $16 = 1 AND (SELECT current FROM ix) AND p.tenant_id = $1
+       AND p.item_id = ANY ($17::text[]) AND p.embedding IS NOT NULL
+     ORDER BY p.embedding <=> $3
+     LIMIT $4)
+    UNION ALL
+    (SELECT p.id
+     FROM parts p
+     WHERE $6 AND $16 = 1 AND (SELECT next FROM ix) AND p.tenant_id = $1
+       AND p.item_id = ANY ($17::text[]) AND p.embedding_next IS NOT NULL
+     ORDER BY p.embedding_next <=> $3
+     LIMIT $4)
 ),
 fts AS (
-    SELECT id, row_number() OVER (ORDER BY score DESC, id) AS rank
-    FROM (SELECT p.id, ts_rank_cd(p.tsv, q.query, 32) AS score
-          FROM parts p, q
-          WHERE $7 AND p.tenant_id = $1 AND p.tsv @@ q.query
-          ORDER BY score DESC
-          LIMIT $4) f
-),
-fused AS (
-    SELECT coalesce(vec.id, fts.id) AS id, vec.rank AS vector_rank, fts.rank AS fts_rank,
-           ($8::float8 + 1) * (
-               $5::float8 / ($8 + coalesce(vec.rank, (SELECT count(*) FROM vec) + 1))
-               + (1 - $5::float8) / ($8 + coalesce(fts.rank, (SELECT count(*) FROM fts) + 1))
-           ) AS fused
-    FROM vec FULL OUTER JOIN fts ON vec.id = fts.id
+    SELECT p.id
+    FROM parts p, q
+    WHERE $7 AND p.tenant_id = $1 AND p.tsv @@ q.rare_words
+      AND ($16 = 0
+           OR ($16 = 1 AND p.item_id IN (SELECT id FROM listed))
+           OR ($16 = 2 AND (
+                   SELECT search_item_matches(i, $18, $19, $20, $21, $22, $23, $24, $25)
+                   FROM items i WHERE i.tenant_id = $1 AND i.id = p.item_id)))
+    ORDER BY p.terms <#> q.weights, p.id
+    LIMIT $4
 ),
 scored AS (
-    SELECT f.*, p.item_id, p.version AS part_version, p.position, p.text,
-           i.title, i.summary, i.tags, i.version, i.kind, i.updated_at,
-           (1 - $9::float8) * f.fused + $9::float8 * (
-               0.5 * power(0.5, extract(epoch FROM now() - i.updated_at) / 86400.0 / $10::float8)
-               + 0.5 * (1 - exp(-i.access_count / 10.0))
-           ) AS final
-    FROM fused f
-    JOIN parts p ON p.id = f.id
-    JOIN items i ON i.tenant_id = p.tenant_id AND i.id = p.item_id
-    WHERE p.tenant_id = $1
-    ORDER BY final DESC, f.id
-    LIMIT $11 OFFSET $12
+    SELECT p.id, p.item_id, p.position, p.text,
+           CASE WHEN NOT $6 THEN NULL
+                WHEN (SELECT current FROM ix) THEN 1 - (p.embedding <=> $3)
+                WHEN (SELECT next FROM ix) THEN 1 - (p.embedding_next <=> $3)
+           END AS vector_score,
+           CASE WHEN $7 THEN nullif(-(p.terms <#> q.weights), 0) END AS fts_score
+    FROM (SELECT id FROM vec UNION SELECT id FROM fts) c
+    JOIN parts p ON p.id = c.id, q
+),
+ranked AS (
+    SELECT s.*,
+           CASE WHEN s.vector_score IS NOT NULL THEN
+               row_number() OVER (ORDER BY s.vector_score DESC NULLS LAST, s.id) END
+               AS vector_rank,
+           CASE WHEN s.fts_score IS NOT NULL THEN
+               row_number() OVER (ORDER BY s.fts_score DESC NULLS LAST, s.id) END AS fts_rank,
+           max(s.vector_score) OVER () AS vector_max,
+           max(s.fts_score) OVER () AS fts_max,
+           count(s.vector_score) OVER () AS vector_count,
+           count(s.fts_score) OVER () AS fts_count
+    FROM scored s
+),
+final AS (
+    SELECT r.id, r.item_id, r.position, r.text, r.vector_score, r.fts_score,
+           r.vector_rank, r.fts_rank, f.fused,
+           i.title, i.summary, i.tags, i.version, i.kind,
+           search_final(f.fused, $9, extract(epoch FROM now() - i.updated_at) / 86400.0, $10,
+                        i.access_count) AS final
+    FROM ranked r
+    CROSS JOIN LATERAL (SELECT search_fused($14, $5, $8, r.vector_score, r.vector_max,
+                                            r.vector_rank, r.vector_count, r.fts_score,
+                                            r.fts_max, r.fts_rank, r.fts_count) AS fused) f
+    JOIN items i ON i.tenant_id = $1 AND i.id = r.item_id
+),
+grouped AS (
+    SELECT DISTINCT ON (CASE WHEN $26 THEN item_id ELSE id::text END) *
+    FROM final
+    ORDER BY CASE WHEN $26 THEN item_id ELSE id::text END, final DESC, id
+),
+page AS (
+    SELECT * FROM grouped ORDER BY final DESC, id LIMIT $11 OFFSET $12
 )
-SELECT s.*,
-       ts_headline('english', s.text, (SELECT query FROM q),
-                   'MaxFragments=2, MaxWords=30, MinWords=10, StartSel=<<, StopSel=>>') AS snippet
-FROM scored s
-ORDER BY s.final DESC, s.id;
+SELECT page.*,
+       CASE WHEN q.every_word IS NULL THEN left(page.text, 240)
+            ELSE ts_headline('english', page.text, q.every_word,
+                             'MaxFragments=2, MaxWords=30, MinWords=10, StartSel=<<, StopSel=>>')
+       END AS snippet
+FROM page, q
+ORDER BY page.final DESC, page.id;
+
+-- The items that pass a search's filters ($2-$9 as search_item_matches() takes them), at
+-- most $10 of them: pipeline/search.py asks for one more than it would list, to learn whether
+-- they are few. Planned for each call, so the GIN index on tags or the key answers it.
+-- name: filtered_items
+SELECT i.id
+FROM items i
+WHERE i.tenant_id = $1
+  AND search_item_matches(i, $2, $3, $4, $5, $6, $7, $8, $9)
+LIMIT $10;
 
 -- name: touch_items
 UPDATE items SET access_count = access_count + 1, accessed_at = now()
-WHERE tenant_id = $1 AND id = ANY($2::text[]);
+WHERE tenant_id = $1 AND id = ANY ($2::text[]);

@@ -1,0 +1,42 @@
+"""Corpus statistics for BM25: in how many parts of a tenant each word occurs.
+
+A word's weight in a query (its idf) depends on how rare it is in the tenant's parts. Counting
+that on every write would make every ingest transaction update the same rows for common words;
+counting it on every query would scan the corpus. So the sweeper recounts a tenant in the
+background (one `ts_stat` pass, about 0.4 s per 10k parts) when its parts changed and its last
+count is older than `MEMMILL_TEXT_STATS_INTERVAL_S` and 20 times what that count took. Until
+the first count every word weighs the same, and a word new since the last count is taken as
+the rarest: both cost ranking quality for a few seconds, never correctness.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime
+
+import asyncpg
+
+from pipeline.db import Q
+
+log = logging.getLogger(__name__)
+
+
+async def refresh(pool: asyncpg.Pool, tenant_id: int) -> int | None:
+    """Recount one tenant; returns its part count, or None if another process is at it."""
+    started = time.perf_counter()
+    began = datetime.now(UTC)
+    async with pool.acquire() as conn, conn.transaction():
+        if not await conn.fetchval(Q["text_stats.try_lock_tenant"], tenant_id):
+            return None
+        await conn.execute(Q["text_stats.refresh_lexemes"], tenant_id)
+        parts: int = await conn.fetchval(Q["text_stats.record_refresh"], tenant_id, began)
+    log.info("text statistics of tenant %d: %d parts recounted in %.2f s",
+             tenant_id, parts, time.perf_counter() - started)
+    return parts
+
+
+async def refresh_stale(pool: asyncpg.Pool, *, interval_s: float) -> list[int]:
+    """Recount every tenant whose parts changed since a count older than `interval_s`."""
+    tenants = [r["id"] for r in await pool.fetch(Q["text_stats.stale_tenants"], interval_s)]
+    return [t for t in tenants if await refresh(pool, t) is not None]

@@ -1,0 +1,418 @@
+"""Search: the ranking arithmetic from a table of cases, BM25 full text, filters against
+exact filtering on real data, grouping, access tracking and tenant isolation, all through the
+real API and a real worker."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import httpx
+import numpy as np
+import pytest
+import uvicorn
+
+from pipeline import tenants, text_stats
+from pipeline.db import create_pool
+from pipeline.providers.embeddings import QueryCache, get_embedder
+from pipeline.search import tags_predicate
+from pipeline.settings import Settings
+from tests.conftest import TEMPLATE, drain, free_port
+
+# --- The ranking arithmetic (migration 0005's SQL functions), from tables of cases.
+
+ALPHA, K = 0.7, 60.0
+FUSED_CASES: list[tuple[str, tuple[Any, ...], float]] = [
+    # name, (fusion, alpha, k, vec, vec_max, vec_rank, vec_n, fts, fts_max, fts_rank, fts_n)
+    ("score: best on both sides", ("score", ALPHA, K, 0.8, 0.8, 1, 50, 12.0, 12.0, 1, 40), 1.0),
+    ("score: each side over its best",
+     ("score", ALPHA, K, 0.4, 0.8, 9, 50, 3.0, 12.0, 20, 40), 0.7 * 0.5 + 0.3 * 0.25),
+    ("score: no full-text match adds 0",
+     ("score", ALPHA, K, 0.8, 0.8, 1, 50, None, 12.0, None, 40), 0.7),
+    ("score: no vector adds 0",
+     ("score", ALPHA, K, None, 0.8, None, 50, 12.0, 12.0, 1, 40), 0.3),
+    ("score: a negative cosine counts 0",
+     ("score", ALPHA, K, -0.2, 0.8, 50, 50, 6.0, 12.0, 2, 40), 0.3 * 0.5),
+    ("score: no full text at all (semantic)",
+     ("score", 1.0, K, 0.6, 0.8, 3, 50, None, None, None, 0), 0.75),
+    ("rrf: first on both sides", ("rrf", ALPHA, K, 0.8, 0.8, 1, 50, 9.0, 9.0, 1, 40), 1.0),
+    ("rrf: missing from full text takes its list's length + 1",
+     ("rrf", ALPHA, K, 0.8, 0.8, 1, 50, None, 9.0, None, 40),
+     61 * (0.7 / 61 + 0.3 / (60 + 41))),
+    ("rrf: missing from vectors", ("rrf", 0.5, 10.0, None, None, None, 0, 9.0, 9.0, 3, 5),
+     11 * (0.5 / 11 + 0.5 / 13)),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "expected"), FUSED_CASES,
+                         ids=[c[0] for c in FUSED_CASES])
+async def test_search_fused(world: World, name: str, args: tuple[Any, ...],
+                            expected: float) -> None:
+    got = await world.pool.fetchval(
+        "SELECT search_fused($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)", *args)
+    assert got == pytest.approx(expected), name
+    assert 0.0 <= got <= 1.0
+
+
+FINAL_CASES: list[tuple[str, tuple[float, float, float, float, int], float]] = [
+    # name, (fused, blend, age_days, half_life_days, access_count)
+    ("no blend: relevance alone", (0.8, 0.0, 400.0, 30.0, 99), 0.8),
+    ("fresh and unused", (0.8, 0.1, 0.0, 30.0, 0), 0.9 * 0.8 + 0.1 * 0.5),
+    ("one half-life old", (0.8, 0.1, 30.0, 30.0, 0), 0.9 * 0.8 + 0.1 * 0.25),
+    ("a future timestamp counts as fresh", (0.8, 0.1, -5.0, 30.0, 0), 0.9 * 0.8 + 0.1 * 0.5),
+    ("used ten times", (0.5, 0.2, 0.0, 30.0, 10),
+     0.8 * 0.5 + 0.2 * (0.5 + 0.5 * (1 - math.exp(-1)))),
+    ("blend 1: signals alone", (0.0, 1.0, 0.0, 30.0, 0), 0.5),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "expected"), FINAL_CASES,
+                         ids=[c[0] for c in FINAL_CASES])
+async def test_search_final(world: World, name: str,
+                            args: tuple[float, float, float, float, int],
+                            expected: float) -> None:
+    got = await world.pool.fetchval("SELECT search_final($1, $2, $3, $4, $5)", *args)
+    assert got == pytest.approx(expected), name
+
+
+async def test_a_near_tie_in_relevance_is_broken_by_use_but_a_clear_lead_is_not(
+    world: World,
+) -> None:
+    """The default blend (0.1) lets recency and use break near ties, never reorder clear
+    relevance: at 0.3 a few accesses had outranked several places of relevance."""
+    async def final(fused: float, uses: int) -> float:
+        return await world.pool.fetchval("SELECT search_final($1, 0.1, 0, 30, $2)", fused,
+                                         uses)
+
+    assert await final(0.80, 5) > await final(0.81, 0)
+    assert await final(0.90, 0) > await final(0.80, 1000)
+
+
+TAG_PREDICATES = [
+    ({"lang": ["en"]}, '$."lang" == "en"'),
+    ({"lang": ["en", "fr"], "team": ["core"]},
+     '($."lang" == "en" || $."lang" == "fr") && $."team" == "core"'),
+    ({'a"b': ['x" || $.c == "y']}, r'$."a\"b" == "x\" || $.c == \"y"'),
+    ({"back\\slash": ["é\n"]}, '$."back\\\\slash" == "é\\n"'),
+]
+
+
+@pytest.mark.parametrize(("tags", "predicate"), TAG_PREDICATES)
+async def test_tag_filters_become_a_jsonpath_that_quotes_everything(
+    world: World, tags: dict[str, list[str]], predicate: str
+) -> None:
+    pool = world.pool
+    assert tags_predicate(tags) == predicate
+    # Postgres reads it, and a tag map with exactly those values passes it.
+    sample = {key: values[-1] for key, values in tags.items()}
+    assert await pool.fetchval("SELECT $1::jsonb @@ $2::jsonpath", sample, predicate)
+    assert not await pool.fetchval("SELECT $1::jsonb @@ $2::jsonpath", {}, predicate)
+
+
+async def test_bm25_terms_saturate_and_normalize_length(world: World) -> None:
+    async def weight(text: str, word: str) -> float:
+        return await world.pool.fetchval(
+            "SELECT -(bm25_terms(to_tsvector('english', $1)) <#>"
+            " ('{' || lexeme_dim($2) || ':1}/268435456')::sparsevec)", text, word)
+
+    once, twice = await weight("glacier ice", "glacier"), await weight("glacier glacier", "glacier")
+    assert 0 < once < twice < 2 * once  # more occurrences weigh more, but less than linearly
+    long_text = "glacier " + " ".join(f"word{i}" for i in range(300))
+    assert await weight(long_text, "glacier") < once  # the same word counts less in a long part
+    assert await weight("glacier ice", "volcano") == 0
+
+
+# --- Through the API, on real data processed by a real worker.
+
+TOPICS = {
+    "glacier": "Glaciers carve valleys as the ice flows downhill under its own weight.",
+    "volcano": "Volcanoes erupt when magma rises through cracks in the crust.",
+    "bread": "Sourdough bread rises because wild yeast ferments the dough.",
+    "tide": "The moon's gravity pulls the oceans and raises the tides twice a day.",
+    "bee": "Honey bees dance to tell each other where the flowers are.",
+    "comet": "A comet's tail points away from the sun, pushed by the solar wind.",
+}
+
+
+@dataclass
+class World:
+    """One corpus for the read-only tests of this module: ingesting it through a real worker
+    takes seconds, so it is built once, in a database of its own."""
+
+    settings: Settings
+    pool: asyncpg.Pool
+    api_url: str
+    tenant_id: int
+    http: httpx.AsyncClient
+    items: dict[str, dict[str, Any]]
+
+
+OLD = datetime(2020, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+async def world(pg_admin_dsn: str, template_dsn: str, redis_url: str,
+                tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
+    from api.main import create_app
+
+    name = f"t_search_{uuid.uuid4().hex[:8]}"
+    conn = await asyncpg.connect(pg_admin_dsn)
+    await conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+    await conn.close()
+    settings = Settings(
+        database_url=pg_admin_dsn.replace("/postgres?", f"/{name}?"), redis_url=redis_url,
+        data_dir=tmp_path_factory.mktemp("search"), db_pool_max_size=5,
+        queue_name=f"memmill:test:{uuid.uuid4().hex[:10]}")
+    assert settings.database_url
+    pool = await create_pool(settings.database_url, max_size=5)
+    tenant_id = await tenants.ensure_tenant(pool, "default")
+    key = tenants.new_key()
+    await tenants.add_key(pool, tenant_id, key)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="on"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.02)
+    api_url = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(base_url=api_url, timeout=60,
+                                 headers={"Authorization": f"Bearer {key}"}) as http:
+        items = await _ingest_corpus(http, settings, pool, tenant_id)
+        yield World(settings, pool, api_url, tenant_id, http, items)
+    server.should_exit = True
+    await task
+    await pool.close()
+    conn = await asyncpg.connect(pg_admin_dsn)
+    await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    await conn.close()
+
+
+async def _ingest_corpus(http: httpx.AsyncClient, settings: Settings, pool: asyncpg.Pool,
+                         tenant_id: int) -> dict[str, dict[str, Any]]:
+    """36 items: six topics in six variants, tagged by topic, shard and language, of two
+    kinds, the bee notes made long ago; processed by a real worker, words counted."""
+    items: dict[str, dict[str, Any]] = {}
+    for t, (topic, text) in enumerate(TOPICS.items()):
+        for v in range(6):
+            item_id = f"{topic}/{v}"
+            items[item_id] = {
+                "id": item_id,
+                "content": f"{text} Variant {v} of note {topic}.",
+                "tags": {"topic": topic, "shard": f"s{(t * 6 + v) % 9}",
+                         "lang": "en" if v % 2 else "fr"},
+            }
+    r = await http.post("/v1/items/batch", json={"items": list(items.values())})
+    assert r.status_code == 202, r.text
+    assert not r.json()["refused"]
+    await drain(settings, pool)
+    await pool.execute("UPDATE items SET kind = 'note' WHERE id LIKE '%/1' OR id LIKE '%/3'")
+    await pool.execute("UPDATE items SET created_at = $1, updated_at = $1 WHERE id LIKE 'bee/%'",
+                       OLD)
+    await text_stats.refresh(pool, tenant_id)
+    return items
+
+
+async def search(http: httpx.AsyncClient, query: str, **options: Any) -> list[dict[str, Any]]:
+    r = await http.post("/v1/search", json={"query": query, "track": False, **options})
+    assert r.status_code == 200, r.text
+    return r.json()["results"]
+
+
+async def test_full_text_ranks_by_bm25_with_every_word_optional(world: World) -> None:
+    http = world.http
+    # No part has "unicorn": an AND of every word (websearch_to_tsquery) would find nothing.
+    hits = await search(http, "glaciers and unicorns", mode="fts")
+    assert hits and {h["item"]["id"].split("/")[0] for h in hits} == {"glacier"}
+    # "note" and "variant" are in every part, "bread" in six: the rare word decides.
+    hits = await search(http, "variant note about bread", mode="fts", limit=6)
+    assert {h["item"]["id"].split("/")[0] for h in hits} == {"bread"}
+    top = hits[0]
+    assert top["scores"]["fts"] == pytest.approx(max(h["scores"]["fts"] for h in hits))
+    assert top["scores"]["fts_rank"] is not None
+    assert top["scores"]["vector"] is None and top["scores"]["vector_rank"] is None
+    assert "<<bread>>" in top["snippet"].lower()
+    # Only stop words: nothing to look for, no error.
+    assert await search(http, "the and of", mode="fts") == []
+
+
+async def test_hybrid_explains_every_result(world: World) -> None:
+    http = world.http
+    hits = await search(http, "why does dough rise", limit=10)
+    assert hits[0]["item"]["id"].startswith("bread/")
+    finals = [h["scores"]["final"] for h in hits]
+    assert finals == sorted(finals, reverse=True)
+    for hit in hits:
+        scores = hit["scores"]
+        assert 0 <= scores["fused"] <= 1 and 0 <= scores["final"] <= 1
+        assert scores["vector_rank"] is not None  # every candidate is scored on both sides
+        assert (scores["fts"] is None) == (scores["fts_rank"] is None)
+    assert hits[0]["item"]["tags"]["topic"] == "bread" and hits[0]["item"]["version"] == 1
+    rrf = await search(http, "why does dough rise", fusion="rrf", limit=3)
+    assert rrf[0]["item"]["id"].startswith("bread/")
+
+
+async def test_pages_and_grouping_by_item(world: World) -> None:
+    http = world.http
+    everything = await search(http, "ice and magma", limit=20)
+    page = await search(http, "ice and magma", limit=5, offset=5)
+    assert [h["part_id"] for h in page] == [h["part_id"] for h in everything[5:10]]
+    by_item = await search(http, "ice and magma", limit=50, group_by="item")
+    ids = [h["item"]["id"] for h in by_item]
+    assert len(ids) == len(set(ids)) == len(world.items)
+
+
+def _family(hits: list[dict[str, Any]]) -> set[str]:
+    return {h["item"]["id"] for h in hits}
+
+
+FILTERS: list[tuple[str, dict[str, Any]]] = [
+    ("one tag", {"tags": {"topic": "tide"}}),
+    ("tag any of", {"tags": {"shard": ["s1", "s4"]}}),
+    ("two tags", {"tags": {"lang": "en", "shard": ["s0", "s2", "s3", "s5"]}}),
+    ("kind", {"kinds": ["note"]}),
+    ("item ids", {"item_ids": ["bee/2", "comet/5", "no/such"]}),
+    ("system and missing tag", {"tags": {"nope": "x"}}),
+    ("kind and tag", {"kinds": ["text"], "tags": {"topic": ["bee", "comet"]}}),
+    ("valid only", {"valid_only": True}),
+]
+
+
+def _expected(items: dict[str, dict[str, Any]], kinds: dict[str, str],
+              filters: dict[str, Any]) -> set[str]:
+    def passes(item: dict[str, Any]) -> bool:
+        for key, wanted in filters.get("tags", {}).items():
+            options = wanted if isinstance(wanted, list) else [wanted]
+            if item["tags"].get(key) not in options:
+                return False
+        if "kinds" in filters and kinds[item["id"]] not in filters["kinds"]:
+            return False
+        return "item_ids" not in filters or item["id"] in filters["item_ids"]
+
+    return {i for i, item in items.items() if passes(item)}
+
+
+@pytest.mark.parametrize("exact_items", [2000, 0], ids=["listed", "checked"])
+@pytest.mark.parametrize(("name", "filters"), FILTERS, ids=[f[0] for f in FILTERS])
+async def test_filters_match_exact_filtering(
+    world: World, name: str, filters: dict[str, Any], exact_items: int
+) -> None:
+    """Each filter in each mode returns exactly the parts that pass it, ranked as exact
+    filtering ranks them: whether the search lists the passing items first ("listed") or
+    checks each vector candidate's item during the index scan ("checked")."""
+    settings = world.settings
+    # The app holds this very settings object.
+    settings.search_exact_items, saved = exact_items, settings.search_exact_items
+    try:
+        await _check_filter(world, name, filters, exact_items)
+    finally:
+        settings.search_exact_items = saved
+
+
+async def _check_filter(world: World, name: str, filters: dict[str, Any],
+                        exact_items: int) -> None:
+    http, pool, settings = world.http, world.pool, world.settings
+    kinds = {r["id"]: r["kind"] for r in await pool.fetch("SELECT id, kind FROM items")}
+    allowed = _expected(world.items, kinds, filters)
+    query = "ice valleys and ocean tides"
+    for mode in ("semantic", "hybrid", "fts"):
+        hits = await search(http, query, mode=mode, limit=100, filters=filters)
+        assert _family(hits) <= allowed, (name, mode)
+        if mode != "fts":  # every part has a vector, so these see every allowed part
+            assert _family(hits) == allowed, (name, mode)
+    # The semantic ranking (relevance alone: blend 0) is exact filtering's: the nearest
+    # allowed parts, by numpy.
+    hits = await search(http, query, mode="semantic", limit=10, filters=filters, blend=0)
+    vector = await QueryCache(get_embedder(settings)).embed_query(query)
+    rows = await pool.fetch("SELECT id, embedding FROM parts WHERE item_id = ANY($1::text[])",
+                            sorted(allowed))
+    distances = {r["id"]: 1 - float(np.dot(r["embedding"].to_numpy(), vector)) for r in rows}
+    exact = sorted(distances, key=distances.__getitem__)[:10]
+    found = [h["part_id"] for h in hits]
+    if exact_items:  # listed items are ranked one by one: exact by construction
+        assert found == exact, name
+    else:  # the index scan is approximate; the issue asks for Recall@10 >= 0.95
+        assert len(set(found) & set(exact)) >= 0.95 * len(exact), name
+
+
+async def test_filter_by_time_ranges(world: World) -> None:
+    cut = (OLD + timedelta(days=1)).isoformat()
+    before = await search(world.http, "flowers", limit=100, filters={"created_before": cut})
+    after = await search(world.http, "flowers", limit=100, filters={"updated_after": cut})
+    assert {h["item"]["id"].split("/")[0] for h in before} == {"bee"}
+    assert after and "bee" not in {h["item"]["id"].split("/")[0] for h in after}
+
+
+async def test_search_counts_accesses_unless_told_not_to(world: World) -> None:
+    http, pool = world.http, world.pool
+    counts = "SELECT id, access_count FROM items WHERE id LIKE 'comet/%'"
+    before = dict(await pool.fetch(counts))
+    r = await http.post("/v1/search", json={"query": "comet tail", "limit": 3,
+                                             "filters": {"tags": {"topic": "comet"}},
+                                             "track": False})
+    assert r.status_code == 200
+    await asyncio.sleep(0.3)
+    assert dict(await pool.fetch(counts)) == before
+    r = await http.post("/v1/search", json={"query": "comet tail", "limit": 3,
+                                             "filters": {"tags": {"topic": "comet"}}})
+    returned = {h["item"]["id"] for h in r.json()["results"]}
+    assert len(returned) == 3
+    expected = {i: n + (i in returned) for i, n in before.items()}
+    for _ in range(50):  # the touch runs after the response
+        if dict(await pool.fetch(counts)) == expected:
+            break
+        await asyncio.sleep(0.05)
+    assert dict(await pool.fetch(counts)) == expected
+
+
+async def test_no_search_reaches_another_tenant(world: World) -> None:
+    """The other tenant stores the very same text under the same ids; whatever it searches
+    for, with whatever filter, it gets only its own parts, and the first tenant's word
+    statistics do not leak into its scores."""
+    other_id = await tenants.ensure_tenant(world.pool, "other")
+    key = tenants.new_key()
+    await tenants.add_key(world.pool, other_id, key)
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=world.api_url, headers=headers, timeout=60) as other:
+        for mode in ("hybrid", "fts", "semantic"):
+            hits = await search(other, TOPICS["glacier"], mode=mode)
+            assert hits == [], mode
+        hits = await search(other, TOPICS["glacier"],
+                            filters={"item_ids": ["glacier/0"], "tags": {"topic": "glacier"}})
+        assert hits == []
+    mine = await search(world.http, TOPICS["glacier"], filters={"item_ids": ["glacier/0"]})
+    assert mine and _family(mine) == {"glacier/0"}
+
+
+async def test_word_statistics_follow_changes(
+    api_url: str, pool: asyncpg.Pool, tenant: tuple[int, str], settings: Settings
+) -> None:
+    tenant_id = tenant[0]
+    async with httpx.AsyncClient(base_url=api_url, timeout=60,
+                                 headers={"Authorization": f"Bearer {tenant[1]}"}) as http:
+        for n, text in enumerate(["A glacier.", "Glacier ice.", "Sea ice."]):
+            r = await http.post("/v1/items", json={"id": f"n{n}", "content": text})
+            assert r.status_code == 202
+        await drain(settings, pool)
+        assert await text_stats.refresh_stale(pool, interval_s=0) == [tenant_id]
+        assert await text_stats.refresh_stale(pool, interval_s=0) == []  # nothing new since
+        glacier = ("SELECT parts FROM lexeme_stats WHERE tenant_id = $1"
+                   " AND lexeme = 'glacier'")
+        assert await pool.fetchval(glacier, tenant_id) == 2
+        r = await http.post("/v1/items", json={"id": "n3", "content": "A new glacier."})
+        await drain(settings, pool)
+    assert await text_stats.refresh_stale(pool, interval_s=3600) == []  # counted too recently
+    assert await text_stats.refresh_stale(pool, interval_s=0) == [tenant_id]
+    assert await pool.fetchval(glacier, tenant_id) == 3
+    assert await pool.fetchval("SELECT parts FROM text_stats WHERE tenant_id = $1",
+                               tenant_id) == 4
+
+
+def test_settings_reject_an_unknown_fusion() -> None:
+    with pytest.raises(ValueError, match="search_fusion"):
+        Settings(search_fusion="sum")  # type: ignore[arg-type]
