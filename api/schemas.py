@@ -329,6 +329,14 @@ class EmbeddingIndexPublic(BaseModel):
     reindexed_parts: int = Field(description="this tenant's parts with a vector of the new model")
 
 
+class TextStatsPublic(BaseModel):
+    """BM25's word statistics, recounted in the background as parts change."""
+
+    parts: int | None = Field(description="parts counted at the last recount")
+    refreshed_at: datetime | None
+    fresh: bool = Field(description="no part arrived since the last recount")
+
+
 class JobStats(BaseModel):
     by_status: dict[str, int]
     by_kind: dict[str, dict[str, int]]
@@ -337,6 +345,7 @@ class JobStats(BaseModel):
     oldest_queued_age_s: float | None
     workers: list[WorkerPublic]
     embedding_index: EmbeddingIndexPublic
+    text_stats: TextStatsPublic
 
 
 class AttemptDetail(AttemptPublic):

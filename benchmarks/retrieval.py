@@ -4,10 +4,12 @@ Figures for the same corpus and the same 300 test queries (fewer with `--limit`)
 
 - **memmill fts / semantic / hybrid**: a real `memmill up` (as in benchmarks/ingest.py) in a
   temporary data directory, fed the abstracts through `POST /v1/items/batch` until every item is
-  `ready`, then each query sent to `POST /v1/search` once per mode with `limit` 100. The results
-  are parts: each is mapped to its abstract and only an abstract's first part is kept, so the
-  ranking is one of abstracts, as BEIR judges them. p50 is the median request time seen by the
-  client, one request at a time;
+  `ready` and its word statistics are counted, then each query sent to `POST /v1/search` once
+  per mode with `limit` 100 and `group_by: item` (each abstract once, at its best part, as
+  BEIR judges whole documents) and `track: false`, so that no query's results feed the use
+  signal of the next. Every other option is the default a user gets; the hybrid row with RRF
+  is the same search with `fusion: rrf`. p50 is the median request time seen by the client,
+  one request at a time;
 - **dense exact**: the model memmill embeds with (all-MiniLM-L6-v2), on each whole abstract and
   each query, ranked by exact cosine with numpy: what the vector side could reach with no ANN
   index and no splitting. It runs before memmill starts, so they never share the cores.
@@ -50,7 +52,13 @@ from benchmarks.ingest import ingest, load_corpus, load_model, start_memmill, wa
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATA = REPO_ROOT.parent / "shared" / "data" / "beir" / "scifact"
 PREFIX = "scifact/"
-MODES = ("fts", "semantic", "hybrid")
+# Row name -> the request's options besides the query.
+RUNS: dict[str, dict[str, object]] = {
+    "fts": {"mode": "fts"},
+    "semantic": {"mode": "semantic"},
+    "hybrid": {"mode": "hybrid"},
+    "hybrid, fusion rrf": {"mode": "hybrid", "fusion": "rrf"},
+}
 SEARCH_LIMIT = 100  # the API's maximum; also the cut of Recall@100
 REFERENCE = "dense exact (same model, numpy)"
 ISSUE_FIGURES = ("issue figures (full corpus, nDCG@10/Recall@100): BM25 (bm25s) 0.657/0.876,"
@@ -134,7 +142,7 @@ def dense_reference(docs: list[dict[str, str]], queries: dict[str, str]) -> dict
     return {q: [doc_ids[i] for i in row] for q, row in zip(query_ids, top, strict=True)}
 
 
-def run_mode(http: httpx.Client, queries: dict[str, str], mode: str
+def run_mode(http: httpx.Client, queries: dict[str, str], options: dict[str, object]
              ) -> tuple[dict[str, list[str]], list[float], set[str]]:
     """Ranked docs per query, each request's milliseconds, and the warnings the API gave."""
     runs: dict[str, list[str]] = {}
@@ -142,14 +150,27 @@ def run_mode(http: httpx.Client, queries: dict[str, str], mode: str
     warnings: set[str] = set()
     for query_id, text in queries.items():
         start = time.perf_counter()
-        answer = http.post("/v1/search",
-                           json={"query": text, "mode": mode, "limit": SEARCH_LIMIT})
+        answer = http.post("/v1/search", json={"query": text, "limit": SEARCH_LIMIT,
+                                               "group_by": "item", "track": False, **options})
         latencies.append((time.perf_counter() - start) * 1000)
         answer.raise_for_status()
         body = answer.json()
         warnings.update(body["warnings"])
         runs[query_id] = unique_docs([result["item"]["id"] for result in body["results"]])
     return runs, latencies, warnings
+
+
+def wait_for_word_statistics(http: httpx.Client, timeout_s: float = 120) -> None:
+    """BM25 weighs words by statistics a worker's sweeper counts in the background, within
+    MEMMILL_TEXT_STATS_INTERVAL_S of the last change; wait until a rare word of the corpus
+    outranks a common one, i.e. until the count has run since the last item arrived."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stats = http.get("/v1/jobs/stats").json()
+        if stats["text_stats"]["fresh"]:
+            return
+        time.sleep(1)
+    raise RuntimeError("word statistics were not counted in time")
 
 
 def main() -> None:
@@ -183,8 +204,9 @@ def main() -> None:
             print(f"ingested: {len(docs)} items ready in {seconds:.0f}s", flush=True)
             with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"},
                               timeout=60) as http:
-                for mode in MODES:
-                    runs, latencies, warnings = run_mode(http, queries, mode)
+                wait_for_word_statistics(http)
+                for mode, options in RUNS.items():
+                    runs, latencies, warnings = run_mode(http, queries, options)
                     ndcg, recall = mean_scores(runs, qrels)
                     rows.append((f"memmill {mode}", ndcg, recall, statistics.median(latencies)))
                     empty = sum(not docs_found for docs_found in runs.values())

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 
@@ -40,3 +41,8 @@ async def refresh_stale(pool: asyncpg.Pool, *, interval_s: float) -> list[int]:
     """Recount every tenant whose parts changed since a count older than `interval_s`."""
     tenants = [r["id"] for r in await pool.fetch(Q["text_stats.stale_tenants"], interval_s)]
     return [t for t in tenants if await refresh(pool, t) is not None]
+
+
+async def state(pool: asyncpg.Pool, tenant_id: int) -> dict[str, Any]:
+    """Parts counted at the last recount, when, and whether no part arrived since."""
+    return dict(await pool.fetchrow(Q["text_stats.state"], tenant_id))

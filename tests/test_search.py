@@ -406,8 +406,12 @@ async def test_word_statistics_follow_changes(
         assert await pool.fetchval(glacier, tenant_id) == 2
         r = await http.post("/v1/items", json={"id": "n3", "content": "A new glacier."})
         await drain(settings, pool)
-    assert await text_stats.refresh_stale(pool, interval_s=3600) == []  # counted too recently
-    assert await text_stats.refresh_stale(pool, interval_s=0) == [tenant_id]
+        shown = (await http.get("/v1/jobs/stats")).json()["text_stats"]
+        assert shown["parts"] == 3 and shown["fresh"] is False
+        assert await text_stats.refresh_stale(pool, interval_s=3600) == []  # too recent
+        assert await text_stats.refresh_stale(pool, interval_s=0) == [tenant_id]
+        shown = (await http.get("/v1/jobs/stats")).json()["text_stats"]
+        assert shown["parts"] == 4 and shown["fresh"] is True
     assert await pool.fetchval(glacier, tenant_id) == 3
     assert await pool.fetchval("SELECT parts FROM text_stats WHERE tenant_id = $1",
                                tenant_id) == 4

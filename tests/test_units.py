@@ -122,3 +122,39 @@ def test_summary_keeps_central_sentences_within_the_limit() -> None:
 def test_summary_of_text_without_sentences_is_truncated() -> None:
     summary = summarize("x" * 500, max_chars=100)
     assert len(summary) <= 100 and summary.endswith("…")
+
+
+SEARCH_FILTER_CASES = [
+    (["topic=baking"], [], [], {}, False, {"tags": {"topic": "baking"}}),
+    (["lang=en", "lang=fr", "team=core"], [], [], {}, False,
+     {"tags": {"lang": ["en", "fr"], "team": "core"}}),
+    (["note=a=b"], ["note"], ["x/1", "x/2"], {"created_after": "2026-01-01T00:00:00Z",
+                                              "updated_before": None}, True,
+     {"tags": {"note": "a=b"}, "kinds": ["note"], "item_ids": ["x/1", "x/2"],
+      "created_after": "2026-01-01T00:00:00Z", "valid_only": True}),
+    ([], [], [], {}, False, {}),
+]
+
+
+@pytest.mark.parametrize(("tags", "kinds", "items", "dates", "valid_only", "expected"),
+                         SEARCH_FILTER_CASES)
+def test_cli_search_filters_match_the_api(
+    tags: list[str], kinds: list[str], items: list[str], dates: dict[str, str | None],
+    valid_only: bool, expected: dict[str, object],
+) -> None:
+    from api.schemas import SearchRequest
+    from memmill.cli import _search_filters
+
+    filters = _search_filters(tags, kinds, items, dates, valid_only)
+    assert filters == expected
+    SearchRequest.model_validate({"query": "x", "filters": filters})  # the API takes it
+
+
+@pytest.mark.parametrize("tag", ["novalue", "=x"])
+def test_cli_search_refuses_a_tag_without_key_and_value(tag: str) -> None:
+    import typer
+
+    from memmill.cli import _search_filters
+
+    with pytest.raises(typer.Exit):
+        _search_filters([tag], [], [], {}, False)

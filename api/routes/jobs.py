@@ -7,8 +7,15 @@ from uuid import UUID
 from fastapi import APIRouter, Query
 
 from api.deps import CurrentTenant, PoolDep, QueueDep, SettingsDep
-from api.schemas import AttemptPublic, EmbeddingIndexPublic, JobPublic, JobsPublic, JobStats
-from pipeline import jobs, ledger, reindex
+from api.schemas import (
+    AttemptPublic,
+    EmbeddingIndexPublic,
+    JobPublic,
+    JobsPublic,
+    JobStats,
+    TextStatsPublic,
+)
+from pipeline import jobs, ledger, reindex, text_stats
 from pipeline.db import Q
 from pipeline.errors import NotFound
 
@@ -65,6 +72,7 @@ async def job_stats(
             model=index.model, reindexing_to=index.next_model, parts=index.parts,
             reindexed_parts=index.done,
         ),
+        text_stats=TextStatsPublic(**await text_stats.state(pool, tenant)),
     )
 
 

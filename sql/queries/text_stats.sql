@@ -45,3 +45,11 @@ ON CONFLICT (tenant_id) DO UPDATE
 SET parts = excluded.parts, last_part_id = excluded.last_part_id,
     refreshed_at = excluded.refreshed_at, refresh_s = excluded.refresh_s
 RETURNING parts;
+
+-- What GET /v1/jobs/stats shows: the last count, and whether parts arrived since.
+-- name: state
+SELECT s.parts, s.refreshed_at,
+       NOT EXISTS (SELECT 1 FROM parts p
+                   WHERE p.tenant_id = $1 AND p.id > coalesce(s.last_part_id, 0)) AS fresh
+FROM (SELECT $1::bigint AS tenant_id) t
+LEFT JOIN text_stats s ON s.tenant_id = t.tenant_id;
