@@ -215,7 +215,7 @@ class SearchFilters(Strict):
 
     def to_pipeline(self) -> search.SearchFilters:
         return search.SearchFilters(
-            tags={k: v if isinstance(v, list) else [v] for k, v in self.tags.items()},
+            tags=dict(self.tags),
             kinds=self.kinds,
             item_ids=self.item_ids,
             created_after=self.created_after,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -36,7 +37,7 @@ class SearchFilters:
     """What a result's item must match; every field set narrows, an empty filter keeps all.
     `tags` maps a key to the values any one of which it may have."""
 
-    tags: dict[str, list[str]] = field(default_factory=dict)
+    tags: dict[str, str | list[str]] = field(default_factory=dict)
     kinds: list[str] | None = None
     item_ids: list[str] | None = None
     created_after: datetime | None = None
@@ -55,7 +56,7 @@ class SearchFilters:
                 self.created_before, self.updated_after, self.updated_before, self.valid_only)
 
 
-def tags_predicate(tags: dict[str, list[str]]) -> str | None:
+def tags_predicate(tags: Mapping[str, str | list[str]]) -> str | None:
     """A jsonpath predicate that holds when every key has one of its values, e.g.
     `($."lang" == "en" || $."lang" == "fr") && $."team" == "core"`. Keys and values are
     written as JSON strings, whose escapes jsonpath reads the same way, so no text of the
@@ -63,7 +64,8 @@ def tags_predicate(tags: dict[str, list[str]]) -> str | None:
     if not tags:
         return None
     clauses = []
-    for key, values in tags.items():
+    for key, wanted in tags.items():
+        values = [wanted] if isinstance(wanted, str) else wanted  # one value, or any of these
         path = f"$.{json.dumps(key, ensure_ascii=False)}"
         options = [f"{path} == {json.dumps(v, ensure_ascii=False)}" for v in values]
         clauses.append(options[0] if len(options) == 1 else f"({' || '.join(options)})")

@@ -99,14 +99,15 @@ RETURN (1 - blend) * fused + blend * (
 -- jsonpath predicate over the item's tags (pipeline/search.py writes it: each key must have
 -- one of its values), which the GIN index on tags answers. One definition for both ways a
 -- search filters: listing the items that pass, and checking a vector candidate's item. It
--- holds no sub-select, so Postgres inlines it into the calling query.
+-- holds no sub-select, so Postgres inlines it into the calling query, and `@@` stands bare
+-- so the index can answer it (where it is unknown, the whole test is, which WHERE drops).
 CREATE FUNCTION search_item_matches(
     item items, tags jsonpath, kinds text[], item_ids text[],
     created_after timestamptz, created_before timestamptz,
     updated_after timestamptz, updated_before timestamptz, valid_only boolean
 ) RETURNS boolean
 LANGUAGE sql STABLE PARALLEL SAFE
-RETURN (tags IS NULL OR coalesce(item.tags @@ tags, false))
+RETURN (tags IS NULL OR item.tags @@ tags)
    AND (kinds IS NULL OR item.kind = ANY (kinds))
    AND (item_ids IS NULL OR item.id = ANY (item_ids))
    AND (created_after IS NULL OR item.created_at >= created_after)

@@ -137,7 +137,10 @@ final AS (
     CROSS JOIN LATERAL (SELECT search_fused($14, $5, $8, r.vector_score, r.vector_max,
                                             r.vector_rank, r.vector_count, r.fts_score,
                                             r.fts_max, r.fts_rank, r.fts_count) AS fused) f
-    JOIN items i ON i.tenant_id = $1 AND i.id = r.item_id
+    -- LIMIT 1 keeps this a lookup by key per candidate: as a plain join, the generic plan
+    -- hashed every item of the tenant.
+    CROSS JOIN LATERAL (SELECT * FROM items
+                        WHERE tenant_id = $1 AND id = r.item_id LIMIT 1) i
 ),
 grouped AS (
     SELECT DISTINCT ON (CASE WHEN $26 THEN item_id ELSE id::text END) *
@@ -150,7 +153,7 @@ page AS (
 SELECT page.*,
        CASE WHEN q.every_word IS NULL THEN left(page.text, 240)
             ELSE ts_headline('english', page.text, q.every_word,
-                             'MaxFragments=2, MaxWords=30, MinWords=10, StartSel=<<, StopSel=>>')
+                             'MaxFragments=1, MaxWords=30, MinWords=10, StartSel=<<, StopSel=>>')
        END AS snippet
 FROM page, q
 ORDER BY page.final DESC, page.id;

@@ -8,7 +8,16 @@ INSERT INTO api_keys (tenant_id, prefix, key_hash, name) VALUES ($1, $2, $3, $4)
 ON CONFLICT (key_hash) DO NOTHING
 RETURNING id;
 
+-- The key's tenant. last_used_at is written at most once a minute: every request of a
+-- tenant checks the same key row, and a write each time made concurrent requests queue on it.
 -- name: authenticate
-UPDATE api_keys SET last_used_at = now()
-WHERE key_hash = $1 AND revoked_at IS NULL
-RETURNING tenant_id;
+WITH key AS (
+    SELECT id, tenant_id, last_used_at FROM api_keys
+    WHERE key_hash = $1 AND revoked_at IS NULL
+), used AS (
+    UPDATE api_keys k SET last_used_at = now()
+    FROM key
+    WHERE k.id = key.id
+      AND (key.last_used_at IS NULL OR key.last_used_at < now() - interval '1 minute')
+)
+SELECT tenant_id FROM key;
