@@ -41,9 +41,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 
 import argparse
 import asyncio
-import dataclasses
 import hashlib
-import importlib
 import json
 import signal
 import socket
@@ -61,7 +59,7 @@ import numpy as np
 from pgvector.asyncpg import register_vector
 
 from benchmarks.ingest import load_corpus, load_model, start_memmill, wait_for_api
-from pipeline import db
+from pipeline import db, text_stats
 from pipeline import search as search_mod
 from pipeline.items import content_hash
 from pipeline.providers.embeddings import QueryCache, get_embedder
@@ -291,27 +289,15 @@ async def measure(targets: dict[str, Call], count: int, rounds: int,
 
 
 def filtered_params(query: str, mode: str) -> search_mod.SearchParams:
-    """SearchParams with the 1% tag filter; raises clearly while the search has no filters.
-
-    Where SearchFilters.tags is declared to map a key to a list of allowed values, the value
-    goes as a list: a bare string there would be iterated as one-character values."""
-    filters = getattr(search_mod, "SearchFilters", None)
-    if filters is None:
-        raise NotImplementedError("pipeline.search has no SearchFilters")
-    tags_type = str(dataclasses.fields(filters)[0].type)
-    tags = {k: [v] if "list" in tags_type else v for k, v in FILTER.items()}
-    return search_mod.SearchParams(query=query, mode=mode, limit=LIMIT,  # type: ignore[call-arg]
-                                   filters=filters(tags=tags))
+    """SearchParams with the 1% tag filter."""
+    return search_mod.SearchParams(query=query, mode=mode, limit=LIMIT,
+                                   filters=search_mod.SearchFilters(tags=dict(FILTER)))
 
 
 async def refresh_text_stats(pool: asyncpg.Pool, tenant: int) -> str:
-    """Recount the words' document frequencies (BM25's idf) before measuring, where the search
-    has them: the workers' sweeper would do it during the first seconds of the runs, and until
-    then every query word counts as rare, so the full-text side ranks nearly every part."""
-    try:
-        text_stats = importlib.import_module("pipeline.text_stats")
-    except ImportError:
-        return ""
+    """Recount the words' document frequencies (BM25's idf) before measuring: the workers'
+    sweeper would do it during the first seconds of the runs, and until then every query word
+    counts as rare, so the full-text side ranks far more parts."""
     started = time.perf_counter()
     while await text_stats.refresh(pool, tenant) is None:  # a sweeper holds it: wait, redo
         await asyncio.sleep(0.5)
