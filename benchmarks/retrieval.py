@@ -232,8 +232,9 @@ def main() -> None:
     print()
     for note in notes:
         print(note)
-    print(f"memmill returns at most {SEARCH_LIMIT} parts, so at most that many abstracts;"
-          " hybrid reuses the query embeddings semantic cached, so its p50 leaves them out")
+    print(f"memmill returns {SEARCH_LIMIT} items (abstracts) per query, grouped by item;"
+          " later modes reuse the query embeddings semantic cached, so their p50 leaves them"
+          " out")
     print(ISSUE_FIGURES)
 
 
