@@ -1,5 +1,7 @@
 """Every request dependency as an `Annotated` alias. State lives on `app.state`, set by the
-lifespan in `api.main`, never in module globals."""
+lifespan in `api.main`, never in module globals. The accessors are `async def` although they
+only read an attribute: FastAPI runs a plain `def` dependency in its thread pool, a hop to
+another thread and back for every dependency of every request."""
 
 from __future__ import annotations
 
@@ -14,19 +16,19 @@ from pipeline.providers.embeddings import QueryCache
 from pipeline.settings import Settings
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def _pool(request: Request) -> asyncpg.Pool:
+async def _pool(request: Request) -> asyncpg.Pool:
     return request.app.state.pool
 
 
-def _queue(request: Request) -> ArqRedis:
+async def _queue(request: Request) -> ArqRedis:
     return request.app.state.queue
 
 
-def _query_cache(request: Request) -> QueryCache:
+async def _query_cache(request: Request) -> QueryCache:
     return request.app.state.query_cache
 
 
@@ -56,7 +58,7 @@ async def authenticate_request(request: Request) -> int:
     (a body that is not valid JSON is rejected before any dependency runs)."""
     headers = request.headers
     return await tenants.authenticate(
-        _pool(request), _key(headers.get("authorization"), headers.get("x-api-key"))
+        request.app.state.pool, _key(headers.get("authorization"), headers.get("x-api-key"))
     )
 
 
