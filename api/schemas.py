@@ -214,16 +214,7 @@ class SearchFilters(Strict):
         return self
 
     def to_pipeline(self) -> search.SearchFilters:
-        return search.SearchFilters(
-            tags=dict(self.tags),
-            kinds=self.kinds,
-            item_ids=self.item_ids,
-            created_after=self.created_after,
-            created_before=self.created_before,
-            updated_after=self.updated_after,
-            updated_before=self.updated_before,
-            valid_only=self.valid_only,
-        )
+        return search.SearchFilters(**self.model_dump())
 
 
 class SearchRequest(Strict):
@@ -253,18 +244,8 @@ class SearchRequest(Strict):
         return query
 
     def to_pipeline(self) -> search.SearchParams:
-        return search.SearchParams(
-            query=self.query,
-            mode=self.mode,
-            limit=self.limit,
-            offset=self.offset,
-            alpha=self.alpha,
-            k=self.k,
-            blend=self.blend,
-            fusion=self.fusion,
-            group_by=self.group_by,
-            filters=self.filters.to_pipeline(),
-        )
+        return search.SearchParams(**self.model_dump(exclude={"filters", "track"}),
+                                   filters=self.filters.to_pipeline())
 
 
 class SearchItem(BaseModel):

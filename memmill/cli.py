@@ -161,15 +161,16 @@ def _fail(exc: ApiError) -> typer.Exit:
     return typer.Exit(1)
 
 
+def _split_tag(tag: str) -> tuple[str, str]:
+    key, sep, value = tag.partition("=")
+    if not sep or not key:
+        err.print(f"[red]error:[/] tag {tag!r} must look like key=value")
+        raise typer.Exit(2)
+    return key, value
+
+
 def _parse_tags(tags: list[str]) -> dict[str, str]:
-    out = {}
-    for tag in tags:
-        key, sep, value = tag.partition("=")
-        if not sep or not key:
-            err.print(f"[red]error:[/] tag {tag!r} must look like key=value")
-            raise typer.Exit(2)
-        out[key] = value
-    return out
+    return dict(_split_tag(tag) for tag in tags)
 
 
 @app.command()
@@ -290,10 +291,7 @@ def _search_filters(tags: list[str], kinds: list[str], items: list[str],
     either value."""
     any_of: dict[str, list[str]] = {}
     for tag in tags:
-        key, sep, value = tag.partition("=")
-        if not sep or not key:
-            err.print(f"[red]error:[/] tag {tag!r} must look like key=value")
-            raise typer.Exit(2)
+        key, value = _split_tag(tag)
         any_of.setdefault(key, []).append(value)
     filters: dict[str, Any] = {k: v for k, v in dates.items() if v is not None}
     if any_of:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -26,12 +25,11 @@ log = logging.getLogger(__name__)
 async def refresh(pool: asyncpg.Pool, tenant_id: int) -> int | None:
     """Recount one tenant; returns its part count, or None if another process is at it."""
     started = time.perf_counter()
-    began = datetime.now(UTC)
     async with pool.acquire() as conn, conn.transaction():
         if not await conn.fetchval(Q["text_stats.try_lock_tenant"], tenant_id):
             return None
         await conn.execute(Q["text_stats.refresh_lexemes"], tenant_id)
-        parts: int = await conn.fetchval(Q["text_stats.record_refresh"], tenant_id, began)
+        parts: int = await conn.fetchval(Q["text_stats.record_refresh"], tenant_id)
     log.info("text statistics of tenant %d: %d parts recounted in %.2f s",
              tenant_id, parts, time.perf_counter() - started)
     return parts

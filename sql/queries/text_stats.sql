@@ -1,9 +1,8 @@
 -- Tenants whose parts changed since their last refresh (a part newer than the newest then),
 -- and whose refresh is older than $1 seconds and 20 times what it took (so recounting a
 -- large corpus that keeps growing costs at most 5% of a core): the newest part id is one
--- probe of
--- parts_tenant (tenant_id, id). Deleted parts alone do not mark a tenant stale; their words
--- keep counting until the next change, which only flatters a rare word a little.
+-- probe of parts_tenant (tenant_id, id). Deleted parts alone do not mark a tenant stale;
+-- their words keep counting until the next change, which only flatters a rare word a little.
 -- name: stale_tenants
 SELECT t.id
 FROM tenants t
@@ -30,16 +29,14 @@ WITH fresh AS (
     SELECT $1, word, ndoc FROM fresh
     ON CONFLICT (tenant_id, lexeme) DO UPDATE SET parts = excluded.parts
     WHERE lexeme_stats.parts <> excluded.parts
-    RETURNING 1
 )
 DELETE FROM lexeme_stats s
 WHERE s.tenant_id = $1 AND NOT EXISTS (SELECT 1 FROM fresh f WHERE f.word = s.lexeme);
 
--- $2: when the refresh began, so its duration covers the recount.
+-- Run in the recount's transaction: now() is when it began, so refresh_s covers the recount.
 -- name: record_refresh
 INSERT INTO text_stats (tenant_id, parts, last_part_id, refreshed_at, refresh_s)
-SELECT $1, count(*), coalesce(max(id), 0), now(),
-       extract(epoch FROM clock_timestamp() - $2::timestamptz)
+SELECT $1, count(*), coalesce(max(id), 0), now(), extract(epoch FROM clock_timestamp() - now())
 FROM parts WHERE tenant_id = $1
 ON CONFLICT (tenant_id) DO UPDATE
 SET parts = excluded.parts, last_part_id = excluded.last_part_id,
