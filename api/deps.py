@@ -24,6 +24,10 @@ async def _pool(request: Request) -> asyncpg.Pool:
     return request.app.state.pool
 
 
+async def _search_pool(request: Request) -> asyncpg.Pool:
+    return request.app.state.search_pool
+
+
 async def _queue(request: Request) -> ArqRedis:
     return request.app.state.queue
 
@@ -34,6 +38,7 @@ async def _query_cache(request: Request) -> QueryCache:
 
 SettingsDep = Annotated[Settings, Depends(_settings)]
 PoolDep = Annotated[asyncpg.Pool, Depends(_pool)]
+SearchPoolDep = Annotated[asyncpg.Pool, Depends(_search_pool)]
 QueueDep = Annotated[ArqRedis, Depends(_queue)]
 QueryCacheDep = Annotated[QueryCache, Depends(_query_cache)]
 

@@ -36,6 +36,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             max_size=settings.db_pool_max_size,
             ef_search=settings.hnsw_ef_search,
         )
+        # Searches get their own connections, which plan generically (see pipeline/search.py).
+        app.state.search_pool = await create_pool(
+            settings.database_url,
+            min_size=settings.db_pool_min_size,
+            max_size=settings.db_pool_max_size,
+            ef_search=settings.hnsw_ef_search,
+            generic_plans=True,
+        )
         app.state.queue = await create_arq_pool(
             RedisSettings.from_dsn(settings.redis_url), default_queue_name=settings.queue_name
         )
@@ -50,6 +58,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if warming is not None and not warming.done():
                 warming.cancel()
             await app.state.queue.aclose()
+            await app.state.search_pool.close()
             await app.state.pool.close()
 
     app = FastAPI(

@@ -9,11 +9,13 @@ COPYed into the database of a real `memmill up` (temporary data directory), the 
 built once after the load, then, over the SciFact test queries (limit 10), at concurrency 1
 and 8 (asyncio tasks sharing one pool or one HTTP client), p50/p95/p99 and queries/s of:
 
-- **function**: `pipeline.search.search` in this process, query embeddings cached;
+- **function**: `pipeline.search.search` in this process, query embeddings cached, on a pool
+  that plans generically, as the API's search pool does;
 - **HTTP**: `POST /v1/search` end to end, after a warm-up pass filled the API's query LRU;
-- **floor**: hand-written statements on the same table and pool: RRF of HNSW top 100 and
-  full-text top 100 (1/(60+rank) terms), top 10, the figure memmill must stay within 1.5x
-  of; HNSW top 10 alone; full-text top 10 alone;
+- **floor**: hand-written statements on the same table: RRF of HNSW top 100 and full-text
+  top 100 (1/(60+rank) terms), top 10, the figure memmill must stay within 1.5x of, sent as
+  is (Postgres plans it for each call), and the same on the generic-plan pool; HNSW top 10
+  alone; full-text top 10 alone;
 
 for hybrid, hybrid with the 1% tag filter, and fts; function and floor alternate in rounds,
 because this machine's speed drifts over minutes. Also: the query embedding time uncached
@@ -393,12 +395,16 @@ def summary(all_results: dict[int, dict], recalls: dict[int, dict[str, str]],
     for size in measured:
         results = all_results[size]
         fn, floor = stat(results, "function hybrid"), stat(results, "floor RRF")
+        generic = stat(results, "floor RRF, generic plan")
         flt, http = stat(results, "function hybrid + 1% filter"), stat(results, "HTTP hybrid")
         print(f"{size:,} parts:")
         if fn and floor:
             print(f"  function / floor, c=1: p50 {fn.p50:.2f} / {floor.p50:.2f} ms ="
                   f" {fn.p50 / floor.p50:.2f}x, p99 {fn.p99:.2f} / {floor.p99:.2f} ms ="
                   f" {fn.p99 / floor.p99:.2f}x  [<= 1.5x]")
+        if fn and generic:
+            print(f"  function / floor on the generic-plan pool, c=1:"
+                  f" p50 {fn.p50 / generic.p50:.2f}x, p99 {fn.p99 / generic.p99:.2f}x")
         for lanes in LANES[1:]:
             fn8, floor8 = stat(results, "function hybrid", lanes), stat(results, "floor RRF", lanes)
             if fn8 and floor8:
@@ -448,6 +454,7 @@ class Targets:
     """What the runs call: query i through the search function, a floor statement or HTTP."""
 
     pool: asyncpg.Pool
+    search_pool: asyncpg.Pool
     cache: QueryCache
     http: httpx.AsyncClient
     settings: Settings
@@ -460,14 +467,16 @@ class Targets:
             query = self.queries[i]
             params = (filtered_params(query, mode) if filtered else
                       search_mod.SearchParams(query=query, mode=mode, limit=LIMIT))
-            return await search_mod.search(self.pool, self.cache, self.settings,
+            return await search_mod.search(self.search_pool, self.cache, self.settings,
                                            tenant_id=self.tenant, params=params)
         return call
 
-    def floor(self, sql: str, *use: str) -> Call:
+    def floor(self, sql: str, *use: str, generic: bool = False) -> Call:
+        pool = self.search_pool if generic else self.pool
+
         async def call(i: int) -> Any:
             given = {"vector": self.vectors[i], "text": self.queries[i]}
-            return await self.pool.fetch(sql, self.tenant, *(given[u] for u in use))
+            return await pool.fetch(sql, self.tenant, *(given[u] for u in use))
         return call
 
     def post(self, mode: str, filtered: bool = False) -> Call:
@@ -492,13 +501,16 @@ async def benchmark(args: argparse.Namespace, corpus: Corpus, queries: list[str]
     vectors = np.stack([await cache.embed_query(q) for q in queries])
     pool = await db.create_pool(dsn, min_size=max(LANES), max_size=max(LANES) + 2,
                                 ef_search=settings.hnsw_ef_search)
+    search_pool = await db.create_pool(dsn, min_size=max(LANES), max_size=max(LANES) + 2,
+                                       ef_search=settings.hnsw_ef_search, generic_plans=True)
     http = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"},
                              timeout=60, limits=httpx.Limits(max_connections=2 * max(LANES)))
     tenant = await pool.fetchval("SELECT id FROM tenants WHERE name = $1", settings.default_tenant)
     await pool.execute("UPDATE embedding_index SET model = $1", model_key(settings))
-    run = Targets(pool, cache, http, settings, tenant, queries, vectors)
+    run = Targets(pool, search_pool, cache, http, settings, tenant, queries, vectors)
     in_process = {
         "floor RRF": run.floor(FLOOR_RRF, "vector", "text"),
+        "floor RRF, generic plan": run.floor(FLOOR_RRF, "vector", "text", generic=True),
         "function hybrid": run.function("hybrid"),
         "function hybrid + 1% filter": run.function("hybrid", filtered=True),
         "function fts": run.function("fts"),
@@ -543,6 +555,7 @@ async def benchmark(args: argparse.Namespace, corpus: Corpus, queries: list[str]
     finally:
         await http.aclose()
         await pool.close()
+        await search_pool.close()
     summary(all_results, recalls, embedding, args.sizes)
 
 

@@ -140,7 +140,8 @@ def migrate(data_dir: DataDirOpt = None) -> None:
 
     _logging()
     settings = _settings(data_dir)
-    dsn = settings.database_url or start_postgres(settings.data_dir)
+    dsn = settings.database_url or start_postgres(
+        settings.data_dir, settings.embedded_pg_buffers_mb)
     applied = asyncio.run(run_migrations(dsn))
     console.print(f"applied {len(applied)} migration(s): {', '.join(applied) or 'none pending'}")
     if settings.bootstrap_api_key:

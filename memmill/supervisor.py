@@ -97,7 +97,8 @@ def run_up(settings: Settings, *, workers: int) -> int:
     children: list[Child] = []
     try:
         started = time.monotonic()
-        database_url = settings.database_url or start_postgres(settings.data_dir)
+        database_url = settings.database_url or start_postgres(
+            settings.data_dir, settings.embedded_pg_buffers_mb)
         redis_url = settings.redis_url
         if redis_url is None:
             valkey = start_valkey(settings.data_dir)

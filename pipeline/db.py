@@ -92,24 +92,35 @@ def _json_loads(value: str) -> object:
 
 
 async def create_pool(
-    dsn: str, *, min_size: int = 1, max_size: int = 10, ef_search: int = 100
+    dsn: str,
+    *,
+    min_size: int = 1,
+    max_size: int = 10,
+    ef_search: int = 100,
+    generic_plans: bool = False,
 ) -> asyncpg.Pool:
     """Open a pool whose connections know the vector type and search HNSW iteratively.
 
     Iterative index scans (pgvector 0.8) keep filtered vector search correct: without them a
     selective WHERE clause can leave fewer rows than LIMIT asks for.
+
+    `generic_plans` makes every prepared statement of the pool's connections run one plan
+    made once: the search pool's (see pipeline/search.py). Planning the search statement
+    costs more than most of its execution, and Postgres would never choose its generic plan
+    on its own, since a custom plan always looks cheaper. A pool for other statements must
+    not set it: some of them need their parameters' values to pick an index.
     """
+    settings = {"hnsw.iterative_scan": "relaxed_order", "hnsw.ef_search": str(ef_search),
+                "jit": "off"}
+    if generic_plans:
+        settings["plan_cache_mode"] = "force_generic_plan"
     pool = await asyncpg.create_pool(
         dsn,
         min_size=min_size,
         max_size=max_size,
         init=_init_connection,
         reset=_keep_session,
-        server_settings={
-            "hnsw.iterative_scan": "relaxed_order",
-            "hnsw.ef_search": str(ef_search),
-            "jit": "off",
-        },
+        server_settings=settings,
     )
     assert pool is not None
     return pool

@@ -107,6 +107,9 @@ async def search(
     tenant_id: int,
     params: SearchParams,
 ) -> SearchOutcome:
+    """One round trip to Postgres for an unfiltered search. `pool` should plan generically
+    (`db.create_pool(..., generic_plans=True)`): the statement is written so that one plan
+    fits every combination of options, and planning it anew would cost about 2 ms a search."""
     text = params.query.strip()
     if not text:
         raise BadInput("query must not be empty")
@@ -129,16 +132,11 @@ async def search(
         timings["embed"] = (time.perf_counter() - started) * 1000
     alpha = _alpha_for(mode, settings.search_alpha if params.alpha is None else params.alpha)
     started = time.perf_counter()
-    async with pool.acquire() as conn, conn.transaction():
+    async with pool.acquire() as conn:
         filter_mode, listed = FILTER_NONE, None
         if params.filters.active:
             filter_mode, listed = await _filtered_items(conn, tenant_id, params.filters,
                                                         settings.search_exact_items)
-        # One plan for every search. Planning this statement costs about 2 ms, more than
-        # most of its execution, and Postgres would plan it anew each time since a custom
-        # plan always looks cheaper; the statement is written so that its generic plan fits
-        # every combination of options.
-        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         rows = await conn.fetch(
             Q["search.hybrid"],
             tenant_id,
@@ -170,10 +168,12 @@ async def search(
 async def _filtered_items(conn: asyncpg.Connection, tenant_id: int, filters: SearchFilters,
                           few: int) -> tuple[int, list[str] | None]:
     """How the search applies a filter: with the list of items that pass when there are at
-    most `few` of them, by checking each candidate's item otherwise."""
-    await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
-    ids = [r["id"] for r in await conn.fetch(
-        Q["search.filtered_items"], tenant_id, *filters.sql_args(), few + 1)]
+    most `few` of them, by checking each candidate's item otherwise. Planned for its values
+    (a search pool plans generically), so the GIN index on tags or the key answers it."""
+    async with conn.transaction():
+        await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+        ids = [r["id"] for r in await conn.fetch(
+            Q["search.filtered_items"], tenant_id, *filters.sql_args(), few + 1)]
     if len(ids) <= few:
         return FILTER_LISTED, ids
     return FILTER_CHECKED, None

@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     data_dir: Path = Field(default_factory=_default_data_dir)
     log_level: str = "INFO"
+    # The embedded Postgres's shared_buffers in MB; none: a quarter of the machine's memory,
+    # at most 2048 (Postgres's own default of 128 MB holds a tenth of 100k parts' index and rows).
+    embedded_pg_buffers_mb: int | None = Field(default=None, ge=16)
 
     # HTTP API
     api_host: str = "127.0.0.1"

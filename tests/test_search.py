@@ -267,6 +267,35 @@ async def test_pages_and_grouping_by_item(world: World) -> None:
     assert len(ids) == len(set(ids)) == len(world.items)
 
 
+@pytest.mark.parametrize("blend", [0.0, 0.1, 0.5, 1.0])
+async def test_a_page_is_the_head_of_the_whole_ranking_whatever_the_blend(
+    world: World, blend: float,
+) -> None:
+    """Only the candidates that recency and use could lift onto the page get their item looked
+    up; leaving the others out must never change a page, however far the blend lets the
+    signals move a score (use varies here from item to item)."""
+    pool, http = world.pool, world.http
+    before = await pool.fetch("SELECT id, access_count FROM items WHERE tenant_id = $1",
+                              world.tenant_id)
+    await pool.execute("UPDATE items SET access_count = hashtext(id) & 63 WHERE tenant_id = $1",
+                       world.tenant_id)
+    try:
+        for group_by in ("part", "item"):
+            options = {"blend": blend, "group_by": group_by}
+            whole = await search(http, "ice and magma", limit=100, **options)
+            assert len(whole) > 10
+            for limit, offset in [(1, 0), (3, 0), (5, 5), (4, 17)]:
+                page = await search(http, "ice and magma", limit=limit, offset=offset,
+                                    **options)
+                assert [h["part_id"] for h in page] == [
+                    h["part_id"] for h in whole[offset:offset + limit]]
+    finally:
+        await pool.execute(
+            "UPDATE items i SET access_count = b.n FROM unnest($1::text[], $2::bigint[]) b(id, n)"
+            " WHERE i.tenant_id = $3 AND i.id = b.id",
+            [r["id"] for r in before], [r["access_count"] for r in before], world.tenant_id)
+
+
 def _family(hits: list[dict[str, Any]]) -> set[str]:
     return {h["item"]["id"] for h in hits}
 

@@ -5,6 +5,7 @@ the same data directory (same key, data still there), then run against external 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -13,9 +14,11 @@ import sys
 import time
 from pathlib import Path
 
+import asyncpg
 import psutil
 import pytest
 
+from memmill.embedded import default_buffers_mb
 from tests.conftest import free_port
 
 KEY = "mm_test_bootstrap_key_0123456789"
@@ -57,6 +60,18 @@ class Up:
         return [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
 
 
+def buffers_mb(database_url: str) -> int:
+    async def read() -> int:
+        conn = await asyncpg.connect(database_url)
+        try:
+            return await conn.fetchval("SELECT setting::bigint * 8 / 1024 FROM pg_settings"
+                                       " WHERE name = 'shared_buffers'")
+        finally:
+            await conn.close()
+
+    return asyncio.run(read())
+
+
 def cli(env: dict[str, str], *args: str) -> str:
     done = subprocess.run([sys.executable, "-m", "memmill", *args], env=env, capture_output=True,
                           text=True, timeout=120)
@@ -83,6 +98,7 @@ def test_up_embedded_round_trip_stop_and_restart(tmp_path: Path, base_env: dict[
         runtime = json.loads((data_dir / "runtime.json").read_text())
         assert runtime["database_url"].startswith("postgresql://")
         assert runtime["redis_url"].startswith("redis://")
+        assert buffers_mb(runtime["database_url"]) == default_buffers_mb()
         # The client commands find the local instance and its key by themselves.
         out = cli(env, "put", "Lichens are a symbiosis of a fungus and an alga.", "--id",
                   "bio/lichen", "--tag", "topic=biology", "--wait")
@@ -96,12 +112,16 @@ def test_up_embedded_round_trip_stop_and_restart(tmp_path: Path, base_env: dict[
     assert leftovers == [], f"still running after stop: {leftovers}"
     assert not (data_dir / "runtime.json").exists()
 
-    # Second start: same data directory, no bootstrap variable; the same key still works.
+    # Second start: same data directory, no bootstrap variable; the same key still works, and
+    # a changed buffer size restarts the embedded Postgres with it.
     env.pop("MEMMILL_BOOTSTRAP_API_KEY")
+    env["MEMMILL_EMBEDDED_PG_BUFFERS_MB"] = "160"
     up = Up(data_dir, port, env)
     try:
         up.wait_ready()
         assert up.printed("API key:") == KEY
+        runtime = json.loads((data_dir / "runtime.json").read_text())
+        assert buffers_mb(runtime["database_url"]) == 160
         item = json.loads(cli(env, "get", "bio/lichen", "--key", KEY,
                               "--url", f"http://127.0.0.1:{port}"))
         assert item["summary"] == "Lichens are a symbiosis of a fungus and an alga."

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, BackgroundTasks
 
-from api.deps import CurrentTenant, PoolDep, QueryCacheDep, SettingsDep
+from api.deps import CurrentTenant, PoolDep, QueryCacheDep, SearchPoolDep, SettingsDep
 from api.schemas import SearchRequest, SearchResponse
 from pipeline import search as search_mod
 
@@ -14,6 +14,7 @@ async def search(
     body: SearchRequest,
     tenant: CurrentTenant,
     pool: PoolDep,
+    search_pool: SearchPoolDep,
     queries: QueryCacheDep,
     settings: SettingsDep,
     background: BackgroundTasks,
@@ -21,7 +22,7 @@ async def search(
     """Hybrid search over parts; each result says why it ranked (ranks and scores on both
     sides, fused and final)."""
     outcome = await search_mod.search(
-        pool, queries, settings, tenant_id=tenant, params=body.to_pipeline()
+        search_pool, queries, settings, tenant_id=tenant, params=body.to_pipeline()
     )
     if body.track:
         # Access tracking runs after the response is sent, in one batched statement.

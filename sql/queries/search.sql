@@ -4,18 +4,25 @@
 -- best BM25 parts among those that contain one of the query's rarest words (the GIN index;
 -- the rarest words whose document frequencies add up to at most $15, at least one word: a
 -- part with none of them cannot outscore one that has them by much, and the candidate set
--- stays small whatever common words the query holds). Every candidate then gets both exact
--- scores, cosine similarity and BM25 (`terms <#> weights`, see migration 0005), so a part
--- found by one side is not penalised for being missing from the other; the scores are fused
--- by search_fused() into [0, 1] and blended with recency and use by search_final().
+-- stays small whatever common words the query holds). Each side scores its candidates on
+-- both sides as it finds them, cosine similarity and BM25 (`terms <#> weights`, see
+-- migration 0005), so a part found by one side is not penalised for being missing from the
+-- other and no candidate is fetched twice; the scores are fused by search_fused() into
+-- [0, 1] and blended with recency and use by search_final().
+--
+-- The blend moves a final score by at most `blend` (both signals lie in [0, 1]), so a
+-- candidate whose fused score cannot reach the page's last place even with full signals is
+-- dropped before its item is looked up (`bar`); only the page's parts are read again, for
+-- their text and snippet.
 --
 -- Filters: pipeline/search.py first lists the items that pass (filtered_items); when they
 -- are few, the vector side ranks exactly those items' parts (mode 1: exact, and faster than
 -- an index scan that would have to skip most of what it finds); when they are many, the HNSW
 -- scan checks each candidate's item (mode 2), and iterative scans keep going until enough
 -- pass. The check is a scalar sub-select on purpose: written as EXISTS, Postgres hashes it,
--- which means checking every item of the tenant first. The statement runs with a generic plan (see search.py), so every option is a
--- parameter that switches a branch on or off at run time.
+-- which means checking every item of the tenant first. The statement runs with a generic
+-- plan (see search.py), so every option is a parameter that switches a branch on or off at
+-- run time.
 --
 -- $1 tenant, $2 query text, $3 query vector, $4 candidates per side, $5 alpha (vector
 -- weight), $6 use vectors, $7 use full text, $8 k (rrf), $9 blend, $10 recency half-life
@@ -58,7 +65,8 @@ listed AS MATERIALIZED (
     SELECT unnest($17::text[]) AS id WHERE $16 = 1
 ),
 vec AS (
-    (SELECT p.id
+    (SELECT p.id, p.item_id, 1 - (p.embedding <=> $3) AS vector_score,
+            -(p.terms <#> (SELECT weights FROM q)) AS fts_score
      FROM parts p
      WHERE $6 AND $16 <> 1 AND (SELECT current FROM ix) AND p.tenant_id = $1
        AND p.embedding IS NOT NULL
@@ -68,7 +76,8 @@ vec AS (
      ORDER BY p.embedding <=> $3
      LIMIT $4)
     UNION ALL
-    (SELECT p.id
+    (SELECT p.id, p.item_id, 1 - (p.embedding_next <=> $3) AS vector_score,
+            -(p.terms <#> (SELECT weights FROM q)) AS fts_score
      FROM parts p
      WHERE $6 AND $16 <> 1 AND (SELECT next FROM ix) AND p.tenant_id = $1
        AND p.embedding_next IS NOT NULL
@@ -78,14 +87,16 @@ vec AS (
      ORDER BY p.embedding_next <=> $3
      LIMIT $4)
     UNION ALL
-    (SELECT p.id
+    (SELECT p.id, p.item_id, 1 - (p.embedding <=> $3) AS vector_score,
+            -(p.terms <#> (SELECT weights FROM q)) AS fts_score
      FROM parts p
      WHERE $6 AND $16 = 1 AND (SELECT current FROM ix) AND p.tenant_id = $1
        AND p.item_id = ANY ($17::text[]) AND p.embedding IS NOT NULL
      ORDER BY p.embedding <=> $3
      LIMIT $4)
     UNION ALL
-    (SELECT p.id
+    (SELECT p.id, p.item_id, 1 - (p.embedding_next <=> $3) AS vector_score,
+            -(p.terms <#> (SELECT weights FROM q)) AS fts_score
      FROM parts p
      WHERE $6 AND $16 = 1 AND (SELECT next FROM ix) AND p.tenant_id = $1
        AND p.item_id = ANY ($17::text[]) AND p.embedding_next IS NOT NULL
@@ -93,26 +104,29 @@ vec AS (
      LIMIT $4)
 ),
 fts AS (
-    SELECT p.id
-    FROM parts p, q
-    WHERE $7 AND p.tenant_id = $1 AND p.tsv @@ q.rare_words
-      AND ($16 = 0
-           OR ($16 = 1 AND p.item_id IN (SELECT id FROM listed))
-           OR ($16 = 2 AND (
-                   SELECT search_item_matches(i, $18, $19, $20, $21, $22, $23, $24, $25)
-                   FROM items i WHERE i.tenant_id = $1 AND i.id = p.item_id)))
-    ORDER BY p.terms <#> q.weights, p.id
-    LIMIT $4
+    SELECT f.id, f.item_id,
+           CASE WHEN NOT $6 THEN NULL
+                WHEN (SELECT current FROM ix) THEN 1 - (f.embedding <=> $3)
+                WHEN (SELECT next FROM ix) THEN 1 - (f.embedding_next <=> $3)
+           END AS vector_score,
+           f.fts_score
+    FROM (SELECT p.id, p.item_id, p.embedding, p.embedding_next,
+                 -(p.terms <#> q.weights) AS fts_score
+          FROM parts p, q
+          WHERE $7 AND p.tenant_id = $1 AND p.tsv @@ q.rare_words
+            AND ($16 = 0
+                 OR ($16 = 1 AND p.item_id IN (SELECT id FROM listed))
+                 OR ($16 = 2 AND (
+                         SELECT search_item_matches(i, $18, $19, $20, $21, $22, $23, $24, $25)
+                         FROM items i WHERE i.tenant_id = $1 AND i.id = p.item_id)))
+          ORDER BY p.terms <#> q.weights, p.id
+          LIMIT $4) f
 ),
 scored AS (
-    SELECT p.id, p.item_id, p.position, p.text,
-           CASE WHEN NOT $6 THEN NULL
-                WHEN (SELECT current FROM ix) THEN 1 - (p.embedding <=> $3)
-                WHEN (SELECT next FROM ix) THEN 1 - (p.embedding_next <=> $3)
-           END AS vector_score,
-           CASE WHEN $7 THEN nullif(-(p.terms <#> q.weights), 0) END AS fts_score
-    FROM (SELECT id FROM vec UNION SELECT id FROM fts) c
-    JOIN parts p ON p.id = c.id, q
+    SELECT DISTINCT ON (c.id) c.id, c.item_id, c.vector_score,
+           CASE WHEN $7 THEN nullif(c.fts_score, 0) END AS fts_score
+    FROM (SELECT * FROM vec UNION ALL SELECT * FROM fts) c
+    ORDER BY c.id
 ),
 ranked AS (
     SELECT s.*,
@@ -127,35 +141,46 @@ ranked AS (
            count(s.fts_score) OVER () AS fts_count
     FROM scored s
 ),
+fused AS (
+    SELECT r.id, r.item_id, r.vector_score, r.fts_score, r.vector_rank, r.fts_rank,
+           search_fused($14, $5, $8, r.vector_score, r.vector_max, r.vector_rank,
+                        r.vector_count, r.fts_score, r.fts_max, r.fts_rank, r.fts_count) AS fused,
+           CASE WHEN $26 THEN r.item_id ELSE r.id::text END AS grp
+    FROM ranked r
+),
+-- The lowest final score the page's last place can have: the (limit + offset)-th best fused
+-- score (of a part, or of an item's best part) with no signals at all.
+bar AS (
+    SELECT (1 - $9::float8) * coalesce((
+        SELECT best FROM (SELECT max(fused) AS best FROM fused GROUP BY grp) g
+        ORDER BY best DESC OFFSET $11::bigint + $12::bigint - 1 LIMIT 1), 0) AS final
+),
 final AS (
-    SELECT r.id, r.item_id, r.position, r.text, r.vector_score, r.fts_score,
-           r.vector_rank, r.fts_rank, f.fused,
-           i.title, i.summary, i.tags, i.version, i.kind,
+    SELECT f.*, i.title, i.summary, i.tags, i.version, i.kind,
            search_final(f.fused, $9, extract(epoch FROM now() - i.updated_at) / 86400.0, $10,
                         i.access_count) AS final
-    FROM ranked r
-    CROSS JOIN LATERAL (SELECT search_fused($14, $5, $8, r.vector_score, r.vector_max,
-                                            r.vector_rank, r.vector_count, r.fts_score,
-                                            r.fts_max, r.fts_rank, r.fts_count) AS fused) f
-    -- LIMIT 1 keeps this a lookup by key per candidate: as a plain join, the generic plan
-    -- hashed every item of the tenant.
+    FROM fused f
     CROSS JOIN LATERAL (SELECT * FROM items
-                        WHERE tenant_id = $1 AND id = r.item_id LIMIT 1) i
+                        WHERE tenant_id = $1 AND id = f.item_id LIMIT 1) i
+    WHERE (1 - $9) * f.fused + $9 >= (SELECT final FROM bar)
 ),
 grouped AS (
-    SELECT DISTINCT ON (CASE WHEN $26 THEN item_id ELSE id::text END) *
+    SELECT DISTINCT ON (grp) *
     FROM final
-    ORDER BY CASE WHEN $26 THEN item_id ELSE id::text END, final DESC, id
+    ORDER BY grp, final DESC, id
 ),
 page AS (
     SELECT * FROM grouped ORDER BY final DESC, id LIMIT $11 OFFSET $12
 )
-SELECT page.*,
-       CASE WHEN q.every_word IS NULL THEN left(page.text, 240)
-            ELSE ts_headline('english', page.text, q.every_word,
+SELECT page.id, page.item_id, p.position, p.text, page.vector_score, page.fts_score,
+       page.vector_rank, page.fts_rank, page.fused, page.title, page.summary, page.tags,
+       page.version, page.kind, page.final,
+       CASE WHEN q.every_word IS NULL THEN left(p.text, 240)
+            ELSE ts_headline('english', p.text, q.every_word,
                              'MaxFragments=1, MaxWords=30, MinWords=10, StartSel=<<, StopSel=>>')
        END AS snippet
-FROM page, q
+FROM page
+JOIN parts p ON p.id = page.id, q
 ORDER BY page.final DESC, page.id;
 
 -- The items that pass a search's filters ($2-$9 as search_item_matches() takes them), at
