@@ -517,6 +517,16 @@ def test_postgres_is_pgvector_with_a_healthcheck(
     volume = named_volume_mounts(pg).get("/var/lib/postgresql")
     assert volume and volume in (compose.get("volumes") or {})
     assert tag.endswith("pg18"), "the tests run Postgres 18; production should match"
+    args = argv(pg.get("command"))
+    assert args[:1] == ["postgres"], "the image's entrypoint runs the command as postgres"
+    buffers = [a.split("=", 1)[1] for a in args[1:] if a.startswith("shared_buffers=")]
+    assert buffers and parse_size_mb(buffers[0]) >= 512, "search wants its pages in buffers"
+
+
+def parse_size_mb(value: str) -> float:
+    """A Postgres memory setting ('1GB', '512MB') in MB."""
+    number, unit = re.fullmatch(r"(\d+)\s*(kB|MB|GB)", value).groups()  # type: ignore[union-attr]
+    return int(number) * {"kB": 1 / 1024, "MB": 1, "GB": 1024}[unit]
 
 
 def test_redis_keeps_an_append_only_file(
