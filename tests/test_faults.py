@@ -45,6 +45,9 @@ WORKER_ENV = {
     # One torch thread: on a busy machine (Postgres, Valkey and the test share its cores) torch's
     # intra-op threads wait on each other, and a short text takes 0.4 s instead of 0.03 s.
     "OMP_NUM_THREADS": "1",
+    # One model copy: the tests below need a long document's embed job to outlast a short
+    # shutdown grace, which two copies sharing the job halve.
+    "MEMMILL_EMBEDDING_THREADS": "1",
     # arq starts jobs only when it polls (every 0.5 s), at most max_jobs at a time: with the
     # default of 8, short jobs run at 16/s at best. More slots keep these tests short.
     "MEMMILL_WORKER_MAX_JOBS": "32",

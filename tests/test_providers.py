@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from email.utils import formatdate
@@ -622,3 +623,35 @@ def test_parse_retry_after() -> None:
     in_ten = parse_retry_after(formatdate(now + 10, usegmt=True), now=now)
     assert in_ten is not None and 9 <= in_ten <= 10
     assert parse_retry_after(formatdate(now - 100, usegmt=True), now=now) == 0.0
+
+
+class _ThreadRecordingEmbedder(LocalEmbedder):
+    """The real local model, noting which thread encoded which texts."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.seen: list[tuple[str, list[str]]] = []
+
+    def _encode(self, texts: list[str]) -> list[np.ndarray]:
+        self.seen.append((threading.current_thread().name, list(texts)))
+        return super()._encode(texts)
+
+
+async def test_local_model_copies_share_every_call_and_keep_the_order() -> None:
+    """Two copies, each on its own thread, get a sorted, dealt-out share of every call; the
+    vectors come back in the caller's order and equal one copy's, whatever the call size."""
+    texts = [f"{'long ' * (i % 7)}text number {i} about {topic}"
+             for i, topic in enumerate(["glaciers", "bread", "tides", "bees", "comets"] * 2)]
+    options = {"model": "all-MiniLM-L6-v2", "dim": 384, "batch_size": 4}
+    one = LocalEmbedder(**options, call_texts=100, copies=1)
+    two = _ThreadRecordingEmbedder(**options, call_texts=4, copies=2)
+    expected = await one.embed(texts)
+    await two.warm_up()
+    two.seen.clear()
+    got = await two.embed(texts)
+    assert len(got) == len(texts)
+    for want, have in zip(expected, got, strict=True):
+        assert np.allclose(want, have, atol=1e-5)
+    assert len({thread for thread, _ in two.seen}) == 2  # both copies worked
+    assert sorted(t for _, share in two.seen for t in share) == sorted(texts)
+    assert max(len(share) for _, share in two.seen) == 2  # 4 texts a call, dealt to two

