@@ -47,7 +47,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.queue = await create_arq_pool(
             RedisSettings.from_dsn(settings.redis_url), default_queue_name=settings.queue_name
         )
-        embedder = get_embedder(settings)
+        # A query is one text: one model copy serves them (see pipeline/providers/embeddings),
+        # unless the operator chose otherwise.
+        embedder = get_embedder(
+            settings.model_copy(update={"embedding_threads": settings.embedding_threads or 1}))
         app.state.query_cache = QueryCache(embedder)
         # Load the model in the background so the first search does not pay for it.
         warm = getattr(embedder, "warm_up", None)

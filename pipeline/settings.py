@@ -145,8 +145,8 @@ class Settings(BaseSettings):
     # Texts per request to an HTTP embedding provider, where each request has a fixed cost.
     embedding_request_size: int = Field(default=64, ge=1)
     # Copies of the local model a process runs side by side, each on one thread of its own;
-    # 0: one a core. `memmill up` gives each of its N workers cores/N, so they do not fight
-    # over the cores, and the API 1 (a query is one text).
+    # 0: one a core in a worker, one in the API (a query is one text). `memmill up` gives
+    # each of its N workers cores/N, so they do not fight over the cores.
     embedding_threads: int = Field(default=0, ge=0)
     summary_provider: Literal["extractive", "openai", "anthropic", "ollama"] = "extractive"
     summary_max_chars: int = Field(default=600, ge=50)
