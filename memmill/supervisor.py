@@ -113,11 +113,8 @@ def run_up(settings: Settings, *, workers: int) -> int:
             "MEMMILL_API_PORT": str(settings.api_port),
         }
         cli = [sys.executable, "-m", "memmill"]
-        # The API embeds one short query at a time, beside workers that keep the cores busy:
-        # torch on one thread answered in 15 ms where two threads, waiting on each other,
-        # took 60 ms and up to half a second.
-        api_env = {**env, "MEMMILL_EMBEDDING_THREADS": str(settings.embedding_threads or 1)}
-        children = [Child("api", [*cli, "api"], api_env)]
+        # The API runs one model copy by itself (api.main): a query is one text.
+        children = [Child("api", [*cli, "api"], env)]
         worker_env = {**env, "MEMMILL_EMBEDDING_THREADS": str(embedding_threads(settings, workers))}
         children += [
             Child(f"worker-{i + 1}", [*cli, "worker"], worker_env) for i in range(workers)

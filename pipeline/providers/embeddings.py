@@ -84,13 +84,13 @@ class LocalEmbedder:
         so each copy gets the same mix and they finish together."""
         loop = asyncio.get_running_loop()
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        shares = [order[c :: self._copies] for c in range(self._copies)]
+        shares = [order[c :: self._copies] for c in range(min(self._copies, len(texts)))]
         done = await asyncio.gather(*[
             loop.run_in_executor(self._executor, self._encode, [texts[i] for i in share])
-            for share in shares if share
+            for share in shares
         ])
         vectors: list[np.ndarray] = [np.empty(0)] * len(texts)
-        for share, share_vectors in zip(shares, done, strict=False):
+        for share, share_vectors in zip(shares, done, strict=True):
             for i, vector in zip(share, share_vectors, strict=True):
                 vectors[i] = vector
         return vectors
