@@ -67,6 +67,16 @@ def test_bad_job_overrides_are_refused_with_the_reason(
         Settings()
 
 
+@pytest.mark.parametrize(("value", "complaint"), [
+    ("8", "greater than or equal to 16"), ("lots", "valid integer")])
+def test_a_bad_embedded_buffer_size_is_refused_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, value: str, complaint: str
+) -> None:
+    monkeypatch.setenv("MEMMILL_EMBEDDED_PG_BUFFERS_MB", value)
+    with pytest.raises(ValidationError, match=complaint):
+        Settings()
+
+
 def test_short_text_is_one_part() -> None:
     parts = split_text("One paragraph.\n\nAnother one.", max_words=50, overlap_words=5)
     assert [p.text for p in parts] == ["One paragraph.\n\nAnother one."]
