@@ -26,8 +26,11 @@ The part vectors come from the real model, encoded once and kept in ~/.cache/mem
 (about 5 minutes on 2 idle cores the first time, far longer on busy ones), never in the
 repository.
 
+With --neighbour-parts N a second tenant first gets N parts of the same corpus, so that the
+measured tenant shares its tables and indexes the way a hosted tenant does.
+
     .venv/bin/python benchmarks/search_latency.py [--sizes 10000,100000] [--queries 300]
-        [--rounds 2] [--port 8793]
+        [--rounds 2] [--port 8793] [--neighbour-parts N]
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ import numpy as np
 from pgvector.asyncpg import register_vector
 
 from benchmarks.ingest import load_corpus, load_model, start_memmill, wait_for_api
-from pipeline import db, text_stats
+from pipeline import db, tenants, text_stats
 from pipeline import search as search_mod
 from pipeline.items import content_hash
 from pipeline.providers.embeddings import QueryCache, get_embedder
@@ -468,7 +471,8 @@ class Targets:
             params = (filtered_params(query, mode) if filtered else
                       search_mod.SearchParams(query=query, mode=mode, limit=LIMIT))
             return await search_mod.search(self.search_pool, self.cache, self.settings,
-                                           tenant_id=self.tenant, params=params)
+                                           tenant_id=self.tenant, params=params,
+                                           filter_pool=self.pool)
         return call
 
     def floor(self, sql: str, *use: str, generic: bool = False) -> Call:
@@ -524,6 +528,13 @@ async def benchmark(args: argparse.Namespace, corpus: Corpus, queries: list[str]
     recalls: dict[int, dict[str, str]] = {}
     have = 0
     try:
+        if args.neighbour_parts:
+            # Another tenant's parts in the same tables: the plans must still read only the
+            # measured tenant's postings and rows.
+            neighbour = await tenants.ensure_tenant(pool, "neighbour")
+            await grow(dsn, corpus, neighbour, 0, args.neighbour_parts)
+            await refresh_text_stats(pool, neighbour)
+            print(f"\na second tenant holds {args.neighbour_parts:,} parts", flush=True)
         for size in args.sizes:
             print(f"\nloading {size - have:,} parts (to {size:,})…", flush=True)
             load = await grow(dsn, corpus, tenant, have, size)
@@ -567,8 +578,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2,
                         help="passes over the queries per target and concurrency")
     parser.add_argument("--port", type=int, default=8793)
+    parser.add_argument("--neighbour-parts", type=int, default=0,
+                        help="first load this many parts into a second tenant")
     args = parser.parse_args()
     args.sizes = sorted({int(s) for s in args.sizes.split(",")})
+    if args.neighbour_parts < 0:
+        parser.error("--neighbour-parts must be 0 or more")
 
     with socket.socket() as probe:
         if probe.connect_ex(("127.0.0.1", args.port)) == 0:
