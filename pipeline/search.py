@@ -106,10 +106,13 @@ async def search(
     *,
     tenant_id: int,
     params: SearchParams,
+    filter_pool: asyncpg.Pool,
 ) -> SearchOutcome:
-    """One round trip to Postgres for an unfiltered search. `pool` should plan generically
-    (`db.create_pool(..., generic_plans=True)`): the statement is written so that one plan
-    fits every combination of options, and planning it anew would cost about 2 ms a search."""
+    """One round trip to Postgres for an unfiltered search, two for a filtered one. `pool`
+    should plan generically (`db.create_pool(..., generic_plans=True)`): the statement is
+    written so that one plan fits every combination of options, and planning it anew would
+    cost about 2 ms a search. `filter_pool` lists the items a filter passes and should plan
+    each call for its values (a default pool), so the GIN index on tags or the key answers."""
     text = params.query.strip()
     if not text:
         raise BadInput("query must not be empty")
@@ -132,11 +135,11 @@ async def search(
         timings["embed"] = (time.perf_counter() - started) * 1000
     alpha = _alpha_for(mode, settings.search_alpha if params.alpha is None else params.alpha)
     started = time.perf_counter()
+    filter_mode, listed = FILTER_NONE, None
+    if params.filters.active:
+        filter_mode, listed = await filtered_items(filter_pool, tenant_id, params.filters,
+                                                    settings.search_exact_items)
     async with pool.acquire() as conn:
-        filter_mode, listed = FILTER_NONE, None
-        if params.filters.active:
-            filter_mode, listed = await _filtered_items(conn, tenant_id, params.filters,
-                                                        settings.search_exact_items)
         rows = await conn.fetch(
             Q["search.hybrid"],
             tenant_id,
@@ -165,17 +168,15 @@ async def search(
     )
 
 
-async def _filtered_items(conn: asyncpg.Connection, tenant_id: int, filters: SearchFilters,
-                          few: int) -> tuple[int, list[str] | None]:
-    """How the search applies a filter: with the list of items that pass when there are at
-    most `few` of them, by checking each candidate's item otherwise. Planned for its values
-    (a search pool plans generically), so the GIN index on tags or the key answers it."""
-    async with conn.transaction():
-        await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
-        ids = [r["id"] for r in await conn.fetch(
-            Q["search.filtered_items"], tenant_id, *filters.sql_args(), few + 1)]
-    if len(ids) <= few:
-        return FILTER_LISTED, ids
+async def filtered_items(pool: asyncpg.Pool, tenant_id: int, filters: SearchFilters,
+                          exact_items: int) -> tuple[int, list[str] | None]:
+    """How the search applies a filter: with the list of items that pass when they are few
+    (at least `exact_items`, more in a large tenant: see search.filtered_items), by checking
+    each candidate's item otherwise."""
+    rows = await pool.fetch(Q["search.filtered_items"], tenant_id, *filters.sql_args(),
+                            exact_items)
+    if not rows or len(rows) <= rows[0]["few"]:
+        return FILTER_LISTED, [r["id"] for r in rows]
     return FILTER_CHECKED, None
 
 

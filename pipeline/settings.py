@@ -169,8 +169,9 @@ class Settings(BaseSettings):
     # at most this many parts in all (always at least one word): it bounds the work of a
     # query full of common words without changing the ranking measurably.
     fts_candidate_postings: int = Field(default=1000, ge=1)
-    # A filter that at most this many items pass is searched exactly: their parts are
-    # ranked one by one instead of skipping through the vector index for the few that pass.
+    # A filter that at most this many items pass (or 8·√(the tenant's parts), when larger)
+    # is searched exactly: their parts are ranked one by one instead of skipping through the
+    # vector index for the few that pass. 0 always skips through the index.
     search_exact_items: int = Field(default=2000, ge=0)
     # How often a tenant's word statistics (BM25's idf) may be recounted while it changes.
     text_stats_interval_s: float = Field(default=30.0, gt=0)

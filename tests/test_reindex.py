@@ -65,7 +65,7 @@ async def _put(
 
 async def _semantic(pool: asyncpg.Pool, settings: Settings, tenant_id: int) -> set[str]:
     outcome = await search(pool, QueryCache(get_embedder(settings)), settings,
-                           tenant_id=tenant_id,
+                           tenant_id=tenant_id, filter_pool=pool,
                            params=SearchParams(query="moon and tides", mode="semantic", limit=10))
     return {r["item"]["id"] for r in outcome.results}
 

@@ -21,7 +21,13 @@ import uvicorn
 from pipeline import tenants, text_stats
 from pipeline.db import create_pool
 from pipeline.providers.embeddings import QueryCache, get_embedder
-from pipeline.search import tags_predicate
+from pipeline.search import (
+    FILTER_CHECKED,
+    FILTER_LISTED,
+    SearchFilters,
+    filtered_items,
+    tags_predicate,
+)
 from pipeline.settings import Settings
 from tests.conftest import TEMPLATE, drain, free_port
 
@@ -418,6 +424,36 @@ async def test_no_search_reaches_another_tenant(world: World) -> None:
     assert mine and _family(mine) == {"glacier/0"}
 
 
+async def test_a_filter_is_ranked_exactly_up_to_a_bound_that_grows_with_the_tenant(
+    api_url: str, pool: asyncpg.Pool, tenant: tuple[int, str], settings: Settings
+) -> None:
+    """Up to max(MEMMILL_SEARCH_EXACT_ITEMS, 8·√parts) passing items, the filter's items are
+    listed and their parts ranked exactly; past it, or with the setting at 0, each HNSW
+    candidate is checked (test_filters_match_exact_filtering checks both give the same)."""
+    tenant_id = tenant[0]
+    async with httpx.AsyncClient(base_url=api_url, timeout=60,
+                                 headers={"Authorization": f"Bearer {tenant[1]}"}) as http:
+        for n in range(4):
+            r = await http.post("/v1/items", json={"id": f"f{n}", "content": f"Tide log {n}.",
+                                                   "tags": {"team": "sea"}})
+            assert r.status_code == 202, r.text
+        await drain(settings, pool)
+        await text_stats.refresh(pool, tenant_id)  # 4 parts: 8·√4 = 16 items
+        sea = SearchFilters(tags={"team": "sea"})
+        mode, listed = await filtered_items(pool, tenant_id, sea, 1)
+        assert mode == FILTER_LISTED and sorted(listed or []) == [f"f{n}" for n in range(4)]
+        assert await filtered_items(pool, tenant_id, sea, 0) == (FILTER_CHECKED, None)
+        assert await filtered_items(pool, tenant_id, SearchFilters(tags={"team": "x"}), 1) == (
+            FILTER_LISTED, [])
+        # With no parts counted the bound is the setting alone.
+        await pool.execute("UPDATE text_stats SET parts = 0 WHERE tenant_id = $1", tenant_id)
+        assert await filtered_items(pool, tenant_id, sea, 3) == (FILTER_CHECKED, None)
+        assert (await filtered_items(pool, tenant_id, sea, 4))[0] == FILTER_LISTED
+        r = await http.post("/v1/search", json={"query": "tide log", "track": False,
+                                                 "filters": {"tags": {"team": "sea"}}})
+        assert r.status_code == 200 and len(r.json()["results"]) == 4
+
+
 async def test_word_statistics_follow_changes(
     api_url: str, pool: asyncpg.Pool, tenant: tuple[int, str], settings: Settings
 ) -> None:
@@ -444,6 +480,35 @@ async def test_word_statistics_follow_changes(
     assert await pool.fetchval(glacier, tenant_id) == 3
     assert await pool.fetchval("SELECT parts FROM text_stats WHERE tenant_id = $1",
                                tenant_id) == 4
+
+
+async def test_snippets_highlight_the_match_wherever_it_lies(
+    api_url: str, pool: asyncpg.Pool, tenant: tuple[int, str], settings: Settings
+) -> None:
+    """ts_headline first gets only the stretch around where a query lexeme first appears in
+    the text; when that stretch holds no match (the word is capitalized, or the lexeme first
+    appears inside another word), the snippet still comes from the whole part."""
+    filler = "The quiet harbour town keeps its boats painted blue every spring. " * 7
+    texts = {
+        "late": filler + "Far out, a glacier calves into the bay.",
+        "capitalized": filler + "Sourdough bread rises slowly overnight.",
+        "inside": "Understudied harbours. " + filler + "Two studies measured the tides.",
+    }
+    async with httpx.AsyncClient(base_url=api_url, timeout=60,
+                                 headers={"Authorization": f"Bearer {tenant[1]}"}) as http:
+        for item_id, text in texts.items():
+            r = await http.post("/v1/items", json={"id": item_id, "content": text})
+            assert r.status_code == 202, r.text
+        await drain(settings, pool)
+        await text_stats.refresh(pool, tenant[0])
+        for query, item_id, marked in [("glacier", "late", "<<glacier>>"),
+                                       ("sourdough", "capitalized", "<<Sourdough>>"),
+                                       ("studies", "inside", "<<studies>>")]:
+            hits = await search(http, query, mode="fts")
+            assert [h["item"]["id"] for h in hits] == [item_id], query
+            assert len(texts[item_id]) > 400
+            assert marked in hits[0]["snippet"], (query, hits[0]["snippet"])
+            assert len(hits[0]["snippet"]) < 300
 
 
 def test_settings_reject_an_unknown_fusion() -> None:

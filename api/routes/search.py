@@ -22,7 +22,8 @@ async def search(
     """Hybrid search over parts; each result says why it ranked (ranks and scores on both
     sides, fused and final)."""
     outcome = await search_mod.search(
-        search_pool, queries, settings, tenant_id=tenant, params=body.to_pipeline()
+        search_pool, queries, settings, tenant_id=tenant, params=body.to_pipeline(),
+        filter_pool=pool,
     )
     if body.track:
         # Access tracking runs after the response is sent, in one batched statement.
