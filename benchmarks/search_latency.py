@@ -100,6 +100,11 @@ FLOOR_HNSW = "SELECT id FROM parts WHERE tenant_id = $1 ORDER BY embedding <=> $
 FLOOR_FTS = """SELECT id FROM parts, websearch_to_tsquery('english', $2) query
 WHERE tenant_id = $1 AND tsv @@ query ORDER BY ts_rank_cd(tsv, query) DESC LIMIT 10"""
 HNSW_INDEX = "CREATE INDEX parts_embedding ON parts USING hnsw (embedding vector_cosine_ops)"
+# memmill's own full-text index is keyed by tenant and word (migration 0007), which the
+# floor's `tsv @@ query` cannot use: the floor gets the plain word index it was written for
+# (migration 0001's, before 0007 replaced it). memmill's statement has no `tsv @@`, so this
+# index is the floor's alone.
+FLOOR_TEXT_INDEX = "CREATE INDEX IF NOT EXISTS bench_floor_tsv ON parts USING gin (tsv)"
 ITEM_COLUMNS = ["tenant_id", "id", "kind", "title", "tags", "content_hash", "version", "status",
                 "created_at", "updated_at"]
 Row = tuple[Any, ...]
@@ -511,6 +516,7 @@ async def benchmark(args: argparse.Namespace, corpus: Corpus, queries: list[str]
                              timeout=60, limits=httpx.Limits(max_connections=2 * max(LANES)))
     tenant = await pool.fetchval("SELECT id FROM tenants WHERE name = $1", settings.default_tenant)
     await pool.execute("UPDATE embedding_index SET model = $1", model_key(settings))
+    await pool.execute(FLOOR_TEXT_INDEX)
     run = Targets(pool, search_pool, cache, http, settings, tenant, queries, vectors)
     in_process = {
         "floor RRF": run.floor(FLOOR_RRF, "vector", "text"),

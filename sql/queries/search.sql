@@ -1,8 +1,9 @@
 -- Hybrid search in one round trip.
 --
 -- Candidates: the HNSW index's nearest parts (iterative scans keep a filter exact) and the
--- best BM25 parts among those that contain one of the query's rarest words (the GIN index;
--- the rarest words whose document frequencies add up to at most $15, at least one word: a
+-- best BM25 parts among those that contain one of the query's rarest words (the GIN index
+-- keyed by tenant and word, migration 0007, read through `rare_keys`; the rarest words
+-- whose document frequencies add up to at most $15, at least one word: a
 -- part with none of them cannot outscore one that has them by much, and the candidate set
 -- stays small whatever common words the query holds). Each side scores its candidates on
 -- both sides as it finds them, cosine similarity and BM25 (`terms <#> weights`, see
@@ -51,12 +52,12 @@ q AS (
         (SELECT string_agg(tsquery_literal(lexeme), ' | ')::tsquery FROM terms) AS every_word,
         (SELECT array_agg(lexeme) FROM terms) AS lexemes,
         'MaxFragments=1, MaxWords=30, MinWords=10, StartSel=<<, StopSel=>>' AS headline,
-        (SELECT string_agg(tsquery_literal(lexeme), ' | ')::tsquery
+        (SELECT array_agg($1 || ' ' || lexeme)
          FROM (SELECT lexeme,
                       sum(df) OVER (ORDER BY df, lexeme) AS postings,
                       row_number() OVER (ORDER BY df, lexeme) AS n
                FROM terms) rarest
-         WHERE n = 1 OR postings <= $15) AS rare_words
+         WHERE n = 1 OR postings <= $15) AS rare_keys
 ),
 ix AS (
     SELECT coalesce(model, $13) = $13 AS current,
@@ -113,7 +114,7 @@ fts AS (
            END AS vector_score,
            -(p.terms <#> q.weights) AS fts_score
     FROM parts p, q
-    WHERE $7 AND p.tenant_id = $1 AND p.tsv @@ q.rare_words
+    WHERE $7 AND p.tenant_id = $1 AND tenant_lexemes(p.tenant_id, p.tsv) && q.rare_keys
       AND ($16 = 0
            OR ($16 = 1 AND p.item_id IN (SELECT id FROM listed))
            OR ($16 = 2 AND (
