@@ -173,10 +173,11 @@ async def filtered_items(pool: asyncpg.Pool, tenant_id: int, filters: SearchFilt
     """How the search applies a filter: with the list of items that pass when they are few
     (at least `exact_items`, more in a large tenant: see search.filtered_items), by checking
     each candidate's item otherwise."""
-    rows = await pool.fetch(Q["search.filtered_items"], tenant_id, *filters.sql_args(),
-                            exact_items)
-    if not rows or len(rows) <= rows[0]["few"]:
-        return FILTER_LISTED, [r["id"] for r in rows]
+    row = await pool.fetchrow(Q["search.filtered_items"], tenant_id, *filters.sql_args(),
+                              exact_items)
+    assert row is not None  # one row always
+    if len(row["ids"]) <= row["few"]:
+        return FILTER_LISTED, row["ids"]
     return FILTER_CHECKED, None
 
 
