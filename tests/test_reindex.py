@@ -17,7 +17,7 @@ from pipeline import items, jobs, reindex
 from pipeline.errors import RetryLater
 from pipeline.providers import embeddings
 from pipeline.providers.embeddings import QueryCache, get_embedder
-from pipeline.search import SearchParams, search
+from pipeline.search import SearchFilters, SearchParams, search
 from pipeline.settings import Settings
 from tests.conftest import drain
 from tests.fake_providers import KEY, FakeProviders, fake_vector, unit
@@ -63,10 +63,14 @@ async def _put(
                        queue_name=settings.queue_name)
 
 
-async def _semantic(pool: asyncpg.Pool, settings: Settings, tenant_id: int) -> set[str]:
+async def _semantic(pool: asyncpg.Pool, settings: Settings, tenant_id: int,
+                    item_ids: list[str] | None = None) -> set[str]:
+    """The items a semantic search finds; with `item_ids`, a filter few enough items pass that
+    their parts are ranked one by one instead of through the HNSW index."""
     outcome = await search(pool, QueryCache(get_embedder(settings)), settings,
                            tenant_id=tenant_id, filter_pool=pool,
-                           params=SearchParams(query="moon and tides", mode="semantic", limit=10))
+                           params=SearchParams(query="moon and tides", mode="semantic", limit=10,
+                                               filters=SearchFilters(item_ids=item_ids)))
     return {r["item"]["id"] for r in outcome.results}
 
 
@@ -107,6 +111,14 @@ async def test_a_new_model_reindexes_in_the_background_without_a_mix(
     # An item written during the reindex is embedded by the new model into the new column.
     await _put(pool, queue, new_model, tenant[0], "notes/moon", "The moon pulls the sea.")
     await drain(new_model, pool)
+    # Every part has its new vector, not yet moved into place: the new model's queries read
+    # the column being built, through the HNSW index and with a filter's parts ranked one by
+    # one alike; the old model's read the old column, which the new item never reached.
+    assert await _semantic(pool, new_model, tenant[0]) == {*TEXTS, "notes/moon"}
+    assert await _semantic(pool, new_model, tenant[0],
+                           ["notes/moon", "notes/bees"]) == {"notes/moon", "notes/bees"}
+    assert await _semantic(pool, settings, tenant[0],
+                           ["notes/moon", "notes/bees"]) == {"notes/bees"}
     assert await reindex.finish_if_complete(pool)
 
     state = await reindex.state(pool, tenant_id=tenant[0])
