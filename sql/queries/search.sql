@@ -90,23 +90,19 @@ vec AS (
      ORDER BY p.embedding_next <=> $3
      LIMIT $4)
     UNION ALL
+    -- A filter's listed items: their parts are ranked one by one, with no index to follow,
+    -- so one branch serves both columns (as `fts` does); BM25 only for the candidates kept.
     (SELECT l.id, l.item_id, l.vector_score,
             -(l.terms <#> (SELECT weights FROM q)) AS fts_score
-     FROM (SELECT p.id, p.item_id, 1 - (p.embedding <=> $3) AS vector_score, p.terms
+     FROM (SELECT p.id, p.item_id, p.terms,
+                  1 - (CASE WHEN (SELECT current FROM ix) THEN p.embedding
+                            ELSE p.embedding_next END <=> $3) AS vector_score
            FROM parts p
-           WHERE $6 AND $16 = 1 AND (SELECT current FROM ix) AND p.tenant_id = $1
-             AND p.item_id = ANY ($17::text[]) AND p.embedding IS NOT NULL
-           ORDER BY vector_score DESC
-           LIMIT $4) l)
-    UNION ALL
-    (SELECT l.id, l.item_id, l.vector_score,
-            -(l.terms <#> (SELECT weights FROM q)) AS fts_score
-     FROM (SELECT p.id, p.item_id, 1 - (p.embedding_next <=> $3) AS vector_score, p.terms
-           FROM parts p
-           WHERE $6 AND $16 = 1 AND (SELECT next FROM ix) AND p.tenant_id = $1
-             AND p.item_id = ANY ($17::text[]) AND p.embedding_next IS NOT NULL
-           ORDER BY vector_score DESC
-           LIMIT $4) l)
+           WHERE $6 AND $16 = 1 AND ((SELECT current FROM ix) OR (SELECT next FROM ix))
+             AND p.tenant_id = $1 AND p.item_id = ANY ($17::text[])
+           ORDER BY vector_score DESC NULLS LAST
+           LIMIT $4) l
+     WHERE l.vector_score IS NOT NULL)
 ),
 fts AS (
     SELECT p.id, p.item_id,
