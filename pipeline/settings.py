@@ -169,6 +169,10 @@ class Settings(BaseSettings):
     # at most this many parts in all (always at least one word): it bounds the work of a
     # query full of common words without changing the ranking measurably.
     fts_candidate_postings: int = Field(default=1000, ge=1)
+    # A hybrid search BM25-scores every vector candidate too, so its full-text side reads
+    # fewer postings: this many per result of the page (limit, twice that by item), at most
+    # fts_candidate_postings (see search.fts_postings).
+    hybrid_postings_per_result: int = Field(default=5, ge=1)
     # A filter that at most this many items pass (or 8·√(the tenant's parts), when larger)
     # is searched exactly: their parts are ranked one by one instead of skipping through the
     # vector index for the few that pass. 0 always skips through the index.

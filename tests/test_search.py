@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import uvicorn
 
+from pipeline import search as search_module
 from pipeline import tenants, text_stats
 from pipeline.db import Q, create_pool
 from pipeline.providers.embeddings import QueryCache, get_embedder
@@ -26,7 +27,9 @@ from pipeline.search import (
     FILTER_CHECKED,
     FILTER_LISTED,
     SearchFilters,
+    SearchParams,
     filtered_items,
+    fts_postings,
     tags_predicate,
 )
 from pipeline.settings import Settings
@@ -121,6 +124,46 @@ async def test_tag_filters_become_a_jsonpath_that_quotes_everything(
     assert await pool.fetchval("SELECT $1::jsonb @@ $2::jsonpath", sample, predicate)
     assert not await pool.fetchval("SELECT $1::jsonb @@ $2::jsonpath", {}, predicate)
 
+
+POSTINGS_CASES: list[tuple[str, dict[str, Any], int]] = [
+    # name, search params, postings the full-text side may read (of 1000, 5 per result)
+    ("full text alone reads the whole budget", {"mode": "fts"}, 1000),
+    ("a hybrid page of 10 parts reads 5 per result", {}, 50),
+    ("a page's offset does not count", {"offset": 90}, 50),
+    ("a result that is an item counts twice", {"group_by": "item"}, 100),
+    ("a page of 100 items reads the whole budget", {"limit": 100, "group_by": "item"}, 1000),
+    ("never more than the whole budget", {"limit": 300, "group_by": "item"}, 1000),
+]
+
+
+@pytest.mark.parametrize(("name", "options", "expected"), POSTINGS_CASES,
+                         ids=[case[0] for case in POSTINGS_CASES])
+def test_a_hybrid_search_reads_postings_in_proportion_to_its_page(
+    name: str, options: dict[str, Any], expected: int
+) -> None:
+    settings = Settings(fts_candidate_postings=1000, hybrid_postings_per_result=5)
+    params = SearchParams(query="q", **options)
+    assert fts_postings(params, params.mode, settings) == expected
+
+
+async def test_full_text_candidates_hold_the_rarest_words_within_the_budget(
+    world: World,
+) -> None:
+    """The words "bread" and "glacier" are in six parts each, and of two words as rare the
+    first by name comes first: a budget of six postings admits bread's alone (and so does
+    one: always at least one word), twelve both, a thousand also "note", in every part."""
+
+    async def topics(budget: int) -> set[str]:
+        settings = world.settings.model_copy(update={"fts_candidate_postings": budget})
+        params = SearchParams(query="glaciers of note and bread", mode="fts", limit=50)
+        outcome = await search_module.search(
+            world.pool, QueryCache(get_embedder(settings)), settings,
+            tenant_id=world.tenant_id, params=params, filter_pool=world.pool)
+        return {r["item"]["id"].split("/")[0] for r in outcome.results}
+
+    assert await topics(1) == await topics(6) == {"bread"}
+    assert await topics(12) == {"bread", "glacier"}
+    assert await topics(1000) == set(TOPICS)  # "note" is in every part
 
 async def test_bm25_terms_saturate_and_normalize_length(world: World) -> None:
     async def weight(text: str, word: str) -> float:
