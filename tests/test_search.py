@@ -151,17 +151,20 @@ async def test_full_text_candidates_hold_the_rarest_words_within_the_budget(
 ) -> None:
     """The words "bread" and "glacier" are in six parts each, and of two words as rare the
     first by name comes first: a budget of six postings admits bread's alone (and so does
-    one: always at least one word), twelve both, a thousand also "note", in every part."""
+    one: always at least one word that occurs), twelve both, a thousand also "note", in
+    every part."""
 
-    async def topics(budget: int) -> set[str]:
+    async def topics(budget: int, query: str = "glaciers of note and bread") -> set[str]:
         settings = world.settings.model_copy(update={"fts_candidate_postings": budget})
-        params = SearchParams(query="glaciers of note and bread", mode="fts", limit=50)
+        params = SearchParams(query=query, mode="fts", limit=50)
         outcome = await search_module.search(
             world.pool, QueryCache(get_embedder(settings)), settings,
             tenant_id=world.tenant_id, params=params, filter_pool=world.pool)
         return {r["item"]["id"].split("/")[0] for r in outcome.results}
 
     assert await topics(1) == await topics(6) == {"bread"}
+    # A word no part holds is no rarest word: the rarest that occurs still comes along.
+    assert await topics(1, "glaciers of note and bread with zyzzyvas") == {"bread"}
     assert await topics(12) == {"bread", "glacier"}
     assert await topics(1000) == set(TOPICS)  # "note" is in every part
 

@@ -3,7 +3,7 @@
 -- Candidates: the HNSW index's nearest parts (iterative scans keep a filter exact) and the
 -- best BM25 parts among those that contain one of the query's rarest words (the GIN index
 -- keyed by tenant and word, migration 0007, read through `rare_keys`; the rarest words
--- whose document frequencies add up to at most $15, at least one word: a
+-- whose document frequencies add up to at most $15, at least one that occurs: a
 -- part with none of them cannot outscore one that has them by much, and the candidate set
 -- stays small whatever common words the query holds). Each side scores its candidates on
 -- both sides as it finds them, cosine similarity and BM25 (`terms <#> weights`, see
@@ -52,12 +52,14 @@ q AS (
         (SELECT string_agg(tsquery_literal(lexeme), ' | ')::tsquery FROM terms) AS every_word,
         (SELECT array_agg(lexeme) FROM terms) AS lexemes,
         'MaxFragments=1, MaxWords=30, MinWords=10, StartSel=<<, StopSel=>>' AS headline,
+        -- `present`: how many of the words so far occur in the tenant's parts. Words that
+        -- occur nowhere cost nothing and come along; of the others, at least the rarest.
         (SELECT array_agg($1 || ' ' || lexeme)
          FROM (SELECT lexeme,
                       sum(df) OVER (ORDER BY df, lexeme) AS postings,
-                      row_number() OVER (ORDER BY df, lexeme) AS n
+                      count(*) FILTER (WHERE df > 0) OVER (ORDER BY df, lexeme) AS present
                FROM terms) rarest
-         WHERE n = 1 OR postings <= $15) AS rare_keys
+         WHERE present <= 1 OR postings <= $15) AS rare_keys
 ),
 ix AS (
     SELECT coalesce(model, $13) = $13 AS current,
