@@ -166,7 +166,7 @@ class Settings(BaseSettings):
     recency_half_life_days: float = Field(default=30.0, gt=0)
     search_candidates: int = Field(default=100, ge=1, le=1000)
     # Full-text candidates contain one of the query's rarest words, as many of them as have
-    # at most this many parts in all (always at least one word): it bounds the work of a
+    # at most this many parts in all (always at least one that occurs): it bounds the work of a
     # query full of common words without changing the ranking measurably.
     fts_candidate_postings: int = Field(default=1000, ge=1)
     # A hybrid search BM25-scores every vector candidate too, so its full-text side reads
