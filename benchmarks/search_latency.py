@@ -17,8 +17,10 @@ and 8 (asyncio tasks sharing one pool or one HTTP client), p50/p95/p99 and queri
   is (Postgres plans it for each call), and the same on the generic-plan pool; HNSW top 10
   alone; full-text top 10 alone;
 
-for hybrid, hybrid with the 1% tag filter, and fts; function and floor alternate in rounds,
-because this machine's speed drifts over minutes. Also: the query embedding time uncached
+for hybrid, hybrid with the 1% tag filter, and fts. This machine's speed drifts over seconds
+and minutes, so at concurrency 1 the targets take turns query by query (each on a different
+query at a time), and at concurrency 8 each runs alone, the targets alternating round by
+round. Also: the query embedding time uncached
 (the model) and cached (LRU hit); Recall@10 of filtered semantic search against exact filtered
 kNN in numpy; and the p50 per size, with 1M parts extrapolated unless measured.
 
@@ -274,11 +276,28 @@ async def run_lanes(call: Call, count: int, lanes: int) -> tuple[list[float], fl
     return latencies, time.perf_counter() - started
 
 
+async def take_turns(calls: dict[str, Call], count: int) -> dict[str, tuple[list[float], float]]:
+    """Every query once through every target, one call at a time, the targets taking turns:
+    at step s target k runs query (s + k·count/targets) % count. A slow second of this shared
+    machine then falls on all targets alike, and no target follows another on the query whose
+    pages that one has just brought into the CPU's caches. Each target's latencies (ms), and
+    their sum as its wall time (s)."""
+    stride = max(1, count // len(calls))
+    latencies: dict[str, list[float]] = {name: [] for name in calls}
+    for step in range(count):
+        for k, (name, call) in enumerate(calls.items()):
+            started = time.perf_counter()
+            await call((step + k * stride) % count)
+            latencies[name].append((time.perf_counter() - started) * 1000)
+    return {name: (times, sum(times) / 1000) for name, times in latencies.items()}
+
+
 async def measure(targets: dict[str, Call], count: int, rounds: int,
                   results: dict[tuple[str, int], Stats | str]) -> None:
-    """Each target at each concurrency, the targets alternating round by round, so a slow
-    minute of this shared machine falls on all of them; a target that fails its first query
-    is reported with the reason instead of timed."""
+    """Each target at each concurrency: one at a time, taking turns query by query (see
+    take_turns); concurrently, each target alone, alternating round by round, so a slow
+    minute falls on all of them. A target that fails its first query is reported with the
+    reason instead of timed."""
     live: dict[str, Call] = {}
     for name, call in targets.items():
         try:
@@ -288,12 +307,17 @@ async def measure(targets: dict[str, Call], count: int, rounds: int,
             for lanes in LANES:
                 results[(name, lanes)] = f"not run: {type(exc).__name__}: {str(exc)[:150]}"
     samples: dict[tuple[str, int], tuple[list[float], float]] = {}
+
+    def add(key: tuple[str, int], latencies: list[float], wall: float) -> None:
+        before = samples.get(key, ([], 0.0))
+        samples[key] = (before[0] + latencies, before[1] + wall)
+
     for _ in range(rounds):
+        for name, (latencies, wall) in (await take_turns(live, count)).items():
+            add((name, 1), latencies, wall)
         for name, call in live.items():
-            for lanes in LANES:
-                latencies, wall = await run_lanes(call, count, lanes)
-                before = samples.get((name, lanes), ([], 0.0))
-                samples[(name, lanes)] = (before[0] + latencies, before[1] + wall)
+            for lanes in LANES[1:]:
+                add((name, lanes), *await run_lanes(call, count, lanes))
     for key, (latencies, wall) in samples.items():
         results[key] = Stats.of(latencies, wall)
 
