@@ -181,10 +181,15 @@ async def filtered_items(pool: asyncpg.Pool, tenant_id: int, filters: SearchFilt
     return FILTER_CHECKED, None
 
 
-def _candidates(params: SearchParams, settings: Settings) -> int:
-    """Candidates per side: enough for the page asked for, twice that when results are items,
+def _parts_for(params: SearchParams, results: int) -> int:
+    """The parts it takes to fill `results` places: twice as many when results are items,
     since an item's several parts can fill several candidate places."""
-    wanted = (params.limit + params.offset) * (2 if params.group_by == "item" else 1)
+    return results * (2 if params.group_by == "item" else 1)
+
+
+def _candidates(params: SearchParams, settings: Settings) -> int:
+    """Candidates per side: enough for the page asked for and those before it."""
+    wanted = _parts_for(params, params.limit + params.offset)
     return min(max(settings.search_candidates, wanted), MAX_CANDIDATES)
 
 
@@ -200,7 +205,7 @@ def fts_postings(params: SearchParams, mode: str, settings: Settings) -> int:
     with one page size walks one ranking."""
     if mode == "fts":
         return settings.fts_candidate_postings
-    page = params.limit * (2 if params.group_by == "item" else 1)
+    page = _parts_for(params, params.limit)
     return min(settings.fts_candidate_postings, settings.hybrid_postings_per_result * page)
 
 
