@@ -628,3 +628,9 @@ async def test_snippets_highlight_the_match_wherever_it_lies(
 def test_settings_reject_an_unknown_fusion() -> None:
     with pytest.raises(ValueError, match="search_fusion"):
         Settings(search_fusion="sum")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("field", ["hybrid_postings_per_result", "fts_candidate_postings"])
+def test_settings_reject_a_postings_budget_below_one(field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        Settings(**{field: 0})
