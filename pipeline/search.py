@@ -28,8 +28,9 @@ Fusion = Literal["score", "rrf"]
 GroupBy = Literal["part", "item"]
 MAX_QUERY_CHARS = 2000
 MAX_CANDIDATES = 1000
-# How search.hybrid applies a filter ($16).
-FILTER_NONE, FILTER_LISTED, FILTER_CHECKED = 0, 1, 2
+# How search.hybrid applies a filter ($16): not at all, to the items listed, to each
+# candidate's item, or to the tags the parts carry (decided in the statement, see `tagged`).
+FILTER_NONE, FILTER_LISTED, FILTER_CHECKED, FILTER_TAGGED = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -50,23 +51,31 @@ class SearchFilters:
     def active(self) -> bool:
         return self != SearchFilters()
 
+    @property
+    def tags_only(self) -> bool:
+        """Whether the parts' own tags decide the filter, with no item to look up."""
+        return bool(self.tags) and self == SearchFilters(tags=self.tags)
+
     def sql_args(self) -> tuple[Any, ...]:
         """The filter as search_item_matches() takes it (after the item)."""
         return (tags_predicate(self.tags), self.kinds, self.item_ids, self.created_after,
                 self.created_before, self.updated_after, self.updated_before, self.valid_only)
 
 
-def tags_predicate(tags: Mapping[str, str | list[str]]) -> str | None:
+def tags_predicate(tags: Mapping[str, str | list[str]], tenant_id: int | None = None) -> str | None:
     """A jsonpath predicate that holds when every key has one of its values, e.g.
     `($."lang" == "en" || $."lang" == "fr") && $."team" == "core"`. Keys and values are
     written as JSON strings, whose escapes jsonpath reads the same way, so no text of the
-    caller's can change the predicate's shape; Postgres answers it from the GIN index."""
+    caller's can change the predicate's shape; Postgres answers it from the GIN index. With
+    `tenant_id`, the paths start under the tenant's key, as the index of the parts' tags
+    keys them (`tenant_tags()`, migration 0008)."""
     if not tags:
         return None
+    root = "$" if tenant_id is None else f'$."{int(tenant_id)}"'
     clauses = []
     for key, wanted in tags.items():
         values = [wanted] if isinstance(wanted, str) else wanted  # one value, or any of these
-        path = f"$.{json.dumps(key, ensure_ascii=False)}"
+        path = f"{root}.{json.dumps(key, ensure_ascii=False)}"
         options = [f"{path} == {json.dumps(v, ensure_ascii=False)}" for v in values]
         clauses.append(options[0] if len(options) == 1 else f"({' || '.join(options)})")
     return " && ".join(clauses)
@@ -108,11 +117,12 @@ async def search(
     params: SearchParams,
     filter_pool: asyncpg.Pool,
 ) -> SearchOutcome:
-    """One round trip to Postgres for an unfiltered search, two for a filtered one. `pool`
-    should plan generically (`db.create_pool(..., generic_plans=True)`): the statement is
-    written so that one plan fits every combination of options, and planning it anew would
-    cost about 2 ms a search. `filter_pool` lists the items a filter passes and should plan
-    each call for its values (a default pool), so the GIN index on tags or the key answers."""
+    """One round trip to Postgres for a search without a filter or with tags alone, two for
+    any other filter. `pool` should plan generically (`db.create_pool(...,
+    generic_plans=True)`): the statement is written so that one plan fits every combination
+    of options, and planning it anew would cost about 2 ms a search. `filter_pool` lists the
+    items a filter passes and should plan each call for its values (a default pool), so the
+    GIN index on tags or the key answers."""
     text = params.query.strip()
     if not text:
         raise BadInput("query must not be empty")
@@ -136,7 +146,9 @@ async def search(
     alpha = _alpha_for(mode, settings.search_alpha if params.alpha is None else params.alpha)
     started = time.perf_counter()
     filter_mode, listed = FILTER_NONE, None
-    if params.filters.active:
+    if params.filters.tags_only:
+        filter_mode = FILTER_TAGGED
+    elif params.filters.active:
         filter_mode, listed = await filtered_items(filter_pool, tenant_id, params.filters,
                                                     settings.search_exact_items)
     async with pool.acquire() as conn:
@@ -161,6 +173,10 @@ async def search(
             listed,
             *params.filters.sql_args(),
             params.group_by == "item",
+            tags_predicate(params.filters.tags, tenant_id) if filter_mode == FILTER_TAGGED
+            else None,
+            settings.search_exact_parts,
+            {k: [v] if isinstance(v, str) else v for k, v in params.filters.tags.items()},
         )
     timings["sql"] = (time.perf_counter() - started) * 1000
     return SearchOutcome(

@@ -177,6 +177,10 @@ class Settings(BaseSettings):
     # is searched exactly: their parts are ranked one by one instead of skipping through the
     # vector index for the few that pass. 0 always skips through the index.
     search_exact_items: int = Field(default=2000, ge=0)
+    # A filter on tags alone that at most this many parts pass (or 16·√(the tenant's parts),
+    # when larger) is searched exactly: the parts carry their item's tags, and are ranked one
+    # by one; more, and the vector side checks HNSW candidates. 0 always checks.
+    search_exact_parts: int = Field(default=2000, ge=0)
     # How often a tenant's word statistics (BM25's idf) may be recounted while it changes.
     text_stats_interval_s: float = Field(default=30.0, gt=0)
     hnsw_ef_search: int = Field(default=100, ge=1, le=1000)

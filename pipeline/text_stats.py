@@ -1,4 +1,5 @@
-"""Corpus statistics for BM25: in how many parts of a tenant each word occurs.
+"""Corpus statistics: in how many parts of a tenant each word occurs (BM25's idf), and how
+many parts carry each tag (how a search applies a tag filter, see search.sql).
 
 A word's weight in a query (its idf) depends on how rare it is in the tenant's parts. Counting
 that on every write would make every ingest transaction update the same rows for common words;
@@ -29,6 +30,7 @@ async def refresh(pool: asyncpg.Pool, tenant_id: int) -> int | None:
         if not await conn.fetchval(Q["text_stats.try_lock_tenant"], tenant_id):
             return None
         await conn.execute(Q["text_stats.refresh_lexemes"], tenant_id)
+        await conn.execute(Q["text_stats.refresh_tags"], tenant_id)
         parts: int = await conn.fetchval(Q["text_stats.record_refresh"], tenant_id)
     log.info("text statistics of tenant %d: %d parts recounted in %.2f s",
              tenant_id, parts, time.perf_counter() - started)

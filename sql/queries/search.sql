@@ -16,14 +16,17 @@
 -- dropped before its item is looked up (`bar`); only the page's parts are read again, for
 -- their text and snippet.
 --
--- Filters: pipeline/search.py first lists the items that pass (filtered_items); when they
--- are few, the vector side ranks exactly those items' parts (mode 1: exact, and faster than
--- an index scan that would have to skip most of what it finds); when they are many, the HNSW
--- scan checks each candidate's item (mode 2), and iterative scans keep going until enough
--- pass. The check is a scalar sub-select on purpose: written as EXISTS, Postgres hashes it,
--- which means checking every item of the tenant first. The statement runs with a generic
--- plan (see search.py), so every option is a parameter that switches a branch on or off at
--- run time.
+-- Filters: a filter on tags alone (mode 3) is applied to the tags each part carries
+-- (migration 0008): when few parts pass, both sides rank exactly those parts, read from the
+-- tags index (faster than an index scan that would have to skip most of what it finds);
+-- when many do, the HNSW scan checks each candidate's tags, and iterative scans keep going
+-- until enough pass (see `tag_plan`). Any other filter needs the items: pipeline/search.py
+-- first lists the items that pass (filtered_items); when they are few, the vector side ranks
+-- exactly those items' parts (mode 1); when they are many, the HNSW scan checks each
+-- candidate's item (mode 2). That check is a scalar sub-select on purpose: written as
+-- EXISTS, Postgres hashes it, which means checking every item of the tenant first. The
+-- statement runs with a generic plan (see search.py), so every option is a parameter that
+-- switches a branch on or off at run time.
 --
 -- $1 tenant, $2 query text, $3 query vector, $4 candidates per side, $5 alpha (vector
 -- weight), $6 use vectors, $7 use full text, $8 k (rrf), $9 blend, $10 recency half-life
@@ -31,8 +34,11 @@
 -- with the query only when the same embedder made them, in the current column or the one a
 -- reindex to it is building), $14 fusion ('score' or 'rrf'), $15 postings budget of the
 -- full-text candidates, $16 filter mode (0 none, 1 only the items in $17, 2 check each
--- candidate's item against $18-$25, the filter as search_item_matches() takes it), $17 item
--- ids, $26 one result per item (its best part).
+-- candidate's item against $18-$25, the filter as search_item_matches() takes it, 3 the
+-- parts' tags against $27), $17 item ids, $26 one result per item (its best part), $27 the
+-- tag filter as a jsonpath under the tenant's key, $28 the fewest parts a tag filter may
+-- pass and still be ranked exactly (MEMMILL_SEARCH_EXACT_PARTS), $29 the tag filter as
+-- {key: [values]}, for the tag statistics.
 -- name: hybrid
 WITH terms AS (
     SELECT u.lexeme, lexeme_dim(u.lexeme) AS dim, coalesce(s.parts, 0) AS df
@@ -69,26 +75,63 @@ ix AS (
 listed AS MATERIALIZED (
     SELECT unnest($17::text[]) AS id WHERE $16 = 1
 ),
+-- A filter on tags alone (mode 3) ranks its parts exactly when at most `exact_parts` pass:
+-- the larger of $28 (MEMMILL_SEARCH_EXACT_PARTS; 0 always checks) and 16·√(the tenant's
+-- parts), which at 100k parts is about where the two ways cost the same
+-- (benchmarks/filter_paths.py); when more pass, ranking them all costs more than checking
+-- HNSW candidates one by one. A filter that the tag statistics say is broader goes straight
+-- to the HNSW check.
+tag_plan AS (
+    SELECT b.exact_parts, search_tag_estimate($1, $29::jsonb) <= b.exact_parts AS narrow
+    FROM (SELECT CASE WHEN $28::bigint = 0 THEN 0
+                      ELSE greatest($28::bigint, (16 * sqrt(coalesce(
+                               (SELECT parts FROM text_stats WHERE tenant_id = $1), 0)))::bigint)
+                 END AS exact_parts) b
+    WHERE $16 = 3
+),
+-- The filter's parts, from the index of the parts' tags under the tenant's key (migration
+-- 0008; $27 is the filter under that key), each scored on both sides as it is read, up to
+-- one more than `exact_parts`: statistics lag behind the parts, and a filter that turns out
+-- broader than they said is checked in the HNSW scan after all.
+tagged AS MATERIALIZED (
+    SELECT p.id, p.item_id,
+           CASE WHEN NOT $6 THEN NULL
+                WHEN (SELECT current FROM ix) THEN 1 - (p.embedding <=> $3)
+                WHEN (SELECT next FROM ix) THEN 1 - (p.embedding_next <=> $3)
+           END AS vector_score,
+           -(p.terms <#> (SELECT weights FROM q)) AS fts_score
+    FROM parts p
+    WHERE $16 = 3 AND (SELECT narrow FROM tag_plan)
+      AND p.tenant_tags @@ $27::jsonpath AND p.tenant_id + 0 = $1
+    LIMIT (SELECT exact_parts + 1 FROM tag_plan)
+),
+-- Whether the filter's parts are ranked exactly: the listed items' (mode 1), or few enough
+-- tagged parts (mode 3).
+exact AS (
+    SELECT $16 = 1 OR ($16 = 3 AND (SELECT narrow FROM tag_plan)
+                       AND (SELECT count(*) FROM tagged) <= (SELECT exact_parts FROM tag_plan))
+           AS yes
+),
 vec AS (
     (SELECT p.id, p.item_id, 1 - (p.embedding <=> $3) AS vector_score,
             -(p.terms <#> (SELECT weights FROM q)) AS fts_score
      FROM parts p
-     WHERE $6 AND $16 <> 1 AND (SELECT current FROM ix) AND p.tenant_id = $1
+     WHERE $6 AND NOT (SELECT yes FROM exact) AND (SELECT current FROM ix) AND p.tenant_id = $1
        AND p.embedding IS NOT NULL
-       AND ($16 = 0 OR (
+       AND ($16 = 0 OR ($16 = 3 AND p.tenant_tags @@ $27) OR ($16 = 2 AND (
                SELECT search_item_matches(i, $18, $19, $20, $21, $22, $23, $24, $25)
-               FROM items i WHERE i.tenant_id = $1 AND i.id = p.item_id))
+               FROM items i WHERE i.tenant_id = $1 AND i.id = p.item_id)))
      ORDER BY p.embedding <=> $3
      LIMIT $4)
     UNION ALL
     (SELECT p.id, p.item_id, 1 - (p.embedding_next <=> $3) AS vector_score,
             -(p.terms <#> (SELECT weights FROM q)) AS fts_score
      FROM parts p
-     WHERE $6 AND $16 <> 1 AND (SELECT next FROM ix) AND p.tenant_id = $1
+     WHERE $6 AND NOT (SELECT yes FROM exact) AND (SELECT next FROM ix) AND p.tenant_id = $1
        AND p.embedding_next IS NOT NULL
-       AND ($16 = 0 OR (
+       AND ($16 = 0 OR ($16 = 3 AND p.tenant_tags @@ $27) OR ($16 = 2 AND (
                SELECT search_item_matches(i, $18, $19, $20, $21, $22, $23, $24, $25)
-               FROM items i WHERE i.tenant_id = $1 AND i.id = p.item_id))
+               FROM items i WHERE i.tenant_id = $1 AND i.id = p.item_id)))
      ORDER BY p.embedding_next <=> $3
      LIMIT $4)
     UNION ALL
@@ -105,9 +148,15 @@ vec AS (
            ORDER BY vector_score DESC NULLS LAST
            LIMIT $4) l
      WHERE l.vector_score IS NOT NULL)
+    UNION ALL
+    (SELECT t.id, t.item_id, t.vector_score, t.fts_score
+     FROM tagged t
+     WHERE $6 AND $16 = 3 AND (SELECT yes FROM exact) AND t.vector_score IS NOT NULL
+     ORDER BY t.vector_score DESC, t.id
+     LIMIT $4)
 ),
 fts AS (
-    SELECT p.id, p.item_id,
+    (SELECT p.id, p.item_id,
            CASE WHEN NOT $6 THEN NULL
                 WHEN (SELECT current FROM ix) THEN 1 - (p.embedding <=> $3)
                 WHEN (SELECT next FROM ix) THEN 1 - (p.embedding_next <=> $3)
@@ -119,14 +168,24 @@ fts AS (
     -- condition: as one, the generic plan of a database with several tenants ANDs the
     -- keys' few postings with a bitmap of every part of the tenant (parts_tenant), 10 ms
     -- at 100k parts.
-    WHERE $7 AND tenant_lexemes(p.tenant_id, p.tsv) && q.rare_keys AND p.tenant_id + 0 = $1
+    WHERE $7 AND NOT ($16 = 3 AND (SELECT yes FROM exact))
+      AND tenant_lexemes(p.tenant_id, p.tsv) && q.rare_keys AND p.tenant_id + 0 = $1
       AND ($16 = 0
            OR ($16 = 1 AND p.item_id IN (SELECT id FROM listed))
+           OR ($16 = 3 AND p.tenant_tags @@ $27)
            OR ($16 = 2 AND (
                    SELECT search_item_matches(i, $18, $19, $20, $21, $22, $23, $24, $25)
                    FROM items i WHERE i.tenant_id = $1 AND i.id = p.item_id)))
     ORDER BY fts_score DESC NULLS LAST, p.id
-    LIMIT $4
+    LIMIT $4)
+    UNION ALL
+    -- A tag filter's parts ranked exactly: every one holding a query word, not only the
+    -- rarest words' postings.
+    (SELECT t.id, t.item_id, t.vector_score, t.fts_score
+     FROM tagged t
+     WHERE $7 AND $16 = 3 AND (SELECT yes FROM exact) AND t.fts_score > 0
+     ORDER BY t.fts_score DESC, t.id
+     LIMIT $4)
 ),
 scored AS (
     SELECT DISTINCT ON (c.id) c.id, c.item_id, c.vector_score,

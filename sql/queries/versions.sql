@@ -33,10 +33,13 @@ WITH archived AS (
 )
 DELETE FROM parts WHERE tenant_id = $1 AND item_id = $2 AND version > $3;
 
+-- The tenant's tag statistics (text_stats.sql) no longer hold for its parts.
 -- name: purge
 WITH archived AS (
     DELETE FROM item_versions WHERE tenant_id = $1 AND item_id = $2
 ), sourced AS (
     DELETE FROM sources WHERE tenant_id = $1 AND item_id = $2
+), counted AS (
+    UPDATE text_stats SET items_deleted = true WHERE tenant_id = $1 AND NOT items_deleted
 )
 DELETE FROM items WHERE tenant_id = $1 AND id = $2;
