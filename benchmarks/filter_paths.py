@@ -1,14 +1,15 @@
 """Filtered search: ranking a filter's parts exactly against checking HNSW candidates.
 
-A filter that few items pass is searched by listing those items and ranking their parts one
-by one; a broad one by scanning the HNSW index and checking each candidate's item
-(pipeline/search.py, sql/queries/search.sql). The first reads every part that passes, the
-second about (candidates / share that passes) index entries, so where one overtakes the other
-depends on the corpus size. This prints, for each size and each share of items a tag filter
-keeps (shards s00..s{share-1} of benchmarks/search_latency.py's corpus: SciFact parts
-repeated with real vectors), the p50 of the search function (hybrid, limit 10, query
-embeddings cached) down each path, forced with MEMMILL_SEARCH_EXACT_ITEMS, and the path the
-default bound, max(MEMMILL_SEARCH_EXACT_ITEMS, 8·√parts) items, picks.
+A tag filter that few parts pass is searched by reading those parts from the index of the
+tags they carry (migration 0008) and ranking them one by one; a broad one by scanning the
+HNSW index and checking each candidate's tags (pipeline/search.py, sql/queries/search.sql).
+The first reads every part that passes, the second about (candidates / share that passes)
+index entries, so where one overtakes the other depends on the corpus size. This prints, for
+each size and each share of items a tag filter keeps (shards s00..s{share-1} of
+benchmarks/search_latency.py's corpus: SciFact parts repeated with real vectors), the p50 of
+the search function (hybrid, limit 10, query embeddings cached) down each path, forced with
+MEMMILL_SEARCH_EXACT_PARTS, then with the default settings, and the path the default bound,
+max(MEMMILL_SEARCH_EXACT_PARTS, 16·√parts) parts, picks from the tag statistics.
 
     .venv/bin/python benchmarks/filter_paths.py [--sizes 100000] [--shares 1,3,10,30]
         [--queries 60] [--port 8795]
@@ -85,27 +86,27 @@ async def benchmark(args: argparse.Namespace, dsn: str) -> None:
             await refresh_text_stats(pool, tenant)
             print(f"{size:,} parts\n"
                   f"{'share':>6} {'items':>7} {'parts':>7} {'exact ms':>9} {'checked ms':>11}"
-                  f"  default picks", flush=True)
+                  f" {'default ms':>11}  default picks", flush=True)
+            stored = await pool.fetchval("SELECT parts FROM text_stats WHERE tenant_id = $1",
+                                         tenant)
+            bound = max(settings.search_exact_parts, int(16 * stored ** 0.5))
             for share in args.shares:
                 tags = {"shard": [f"s{i:02d}" for i in range(share)]}
-                predicate = search_mod.tags_predicate(tags)
                 items = await pool.fetchval(
                     "SELECT count(*) FROM items WHERE tenant_id = $1 AND tags @@ $2::jsonpath",
-                    tenant, predicate)
+                    tenant, search_mod.tags_predicate(tags))
                 parts = await pool.fetchval(
-                    "SELECT count(*) FROM parts p JOIN items i ON i.tenant_id = p.tenant_id"
-                    " AND i.id = p.item_id WHERE p.tenant_id = $1 AND i.tags @@ $2::jsonpath",
-                    tenant, predicate)
-                timed = [await p50_ms(search_mod.SearchFilters(tags=tags),
-                                      Settings(search_exact_items=exact), search_pool, pool,
-                                      cache, tenant, queries)
-                         for exact in (10**9, 0)]
-                mode, _ = await search_mod.filtered_items(
-                    pool, tenant, search_mod.SearchFilters(tags=tags),
-                    settings.search_exact_items)
-                picks = "exact" if mode == search_mod.FILTER_LISTED else "checked"
+                    "SELECT count(*) FROM parts WHERE tenant_tags @@ $1::jsonpath",
+                    search_mod.tags_predicate(tags, tenant))
+                estimate = await pool.fetchval("SELECT search_tag_estimate($1, $2::jsonb)",
+                                               tenant, tags)
+                timed = [await p50_ms(search_mod.SearchFilters(tags=tags), forced, search_pool,
+                                      pool, cache, tenant, queries)
+                         for forced in (Settings(search_exact_parts=10**9),
+                                        Settings(search_exact_parts=0), settings)]
+                picks = "exact" if estimate <= bound and parts <= bound else "checked"
                 print(f"{share:>5}% {items:>7,} {parts:>7,} {timed[0]:>9.2f} {timed[1]:>11.2f}"
-                      f"  {picks}", flush=True)
+                      f" {timed[2]:>11.2f}  {picks} (bound {bound:,})", flush=True)
     finally:
         await pool.close()
         await search_pool.close()

@@ -95,12 +95,18 @@ class SearchParams:
     filters: SearchFilters = field(default_factory=SearchFilters)
 
 
+FilterPath = Literal["exact", "checked"]
+
+
 @dataclass
 class SearchOutcome:
     results: list[dict[str, Any]]
     mode: str
     warnings: list[str] = field(default_factory=list)
     timings_ms: dict[str, float] = field(default_factory=dict)
+    # How a filter was applied: its parts ranked exactly, or HNSW candidates checked; None
+    # without a filter, or for a tag filter that found nothing (the statement decides).
+    filter_path: FilterPath | None = None
 
 
 def _alpha_for(mode: str, alpha: float) -> float:
@@ -180,8 +186,15 @@ async def search(
         )
     timings["sql"] = (time.perf_counter() - started) * 1000
     return SearchOutcome(
-        results=[_result(r) for r in rows], mode=mode, warnings=warnings, timings_ms=timings
+        results=[_result(r) for r in rows], mode=mode, warnings=warnings, timings_ms=timings,
+        filter_path=_filter_path(filter_mode, rows),
     )
+
+
+def _filter_path(filter_mode: int, rows: list[asyncpg.Record]) -> FilterPath | None:
+    exact = {FILTER_LISTED: True, FILTER_CHECKED: False}.get(
+        filter_mode, rows[0]["filter_exact"] if rows and filter_mode == FILTER_TAGGED else None)
+    return None if exact is None else "exact" if exact else "checked"
 
 
 async def filtered_items(pool: asyncpg.Pool, tenant_id: int, filters: SearchFilters,

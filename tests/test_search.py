@@ -446,25 +446,27 @@ def _expected(items: dict[str, dict[str, Any]], kinds: dict[str, str],
     return {i for i, item in items.items() if passes(item)}
 
 
-@pytest.mark.parametrize("exact_items", [2000, 0], ids=["listed", "checked"])
+@pytest.mark.parametrize("exact", [2000, 0], ids=["exact", "checked"])
 @pytest.mark.parametrize(("name", "filters"), FILTERS, ids=[f[0] for f in FILTERS])
 async def test_filters_match_exact_filtering(
-    world: World, name: str, filters: dict[str, Any], exact_items: int
+    world: World, name: str, filters: dict[str, Any], exact: int
 ) -> None:
     """Each filter in each mode returns exactly the parts that pass it, ranked as exact
-    filtering ranks them: whether the search lists the passing items first ("listed") or
-    checks each vector candidate's item during the index scan ("checked")."""
+    filtering ranks them: whether the search ranks the passing parts one by one ("exact":
+    those of the listed items, or those carrying the tags) or checks each vector candidate
+    during the index scan ("checked")."""
     settings = world.settings
     # The app holds this very settings object.
-    settings.search_exact_items, saved = exact_items, settings.search_exact_items
+    saved = settings.search_exact_items, settings.search_exact_parts
+    settings.search_exact_items = settings.search_exact_parts = exact
     try:
-        await _check_filter(world, name, filters, exact_items)
+        await _check_filter(world, name, filters, exact)
     finally:
-        settings.search_exact_items = saved
+        settings.search_exact_items, settings.search_exact_parts = saved
 
 
 async def _check_filter(world: World, name: str, filters: dict[str, Any],
-                        exact_items: int) -> None:
+                        exact: int) -> None:
     http, pool, settings = world.http, world.pool, world.settings
     kinds = {r["id"]: r["kind"] for r in await pool.fetch("SELECT id, kind FROM items")}
     allowed = _expected(world.items, kinds, filters)
@@ -483,7 +485,7 @@ async def _check_filter(world: World, name: str, filters: dict[str, Any],
     distances = {r["id"]: 1 - float(np.dot(r["embedding"].to_numpy(), vector)) for r in rows}
     exact = sorted(distances, key=distances.__getitem__)[:10]
     found = [h["part_id"] for h in hits]
-    if exact_items:  # listed items are ranked one by one: exact by construction
+    if exact:  # the passing parts are ranked one by one: exact by construction
         assert found == exact, name
     else:  # the index scan is approximate; the issue asks for Recall@10 >= 0.95
         assert len(set(found) & set(exact)) >= 0.95 * len(exact), name

@@ -239,7 +239,7 @@ page AS (
 )
 SELECT page.id, page.item_id, p.position, p.text, page.vector_score, page.fts_score,
        page.vector_rank, page.fts_rank, page.fused, page.title, page.summary, page.tags,
-       page.version, page.kind, page.final,
+       page.version, page.kind, page.final, (SELECT yes FROM exact) AS filter_exact,
        CASE WHEN q.every_word IS NULL THEN left(p.text, 240)
             WHEN strpos(near.snippet, '<<') > 0 THEN near.snippet
             ELSE ts_headline('english', p.text, q.every_word, q.headline)
