@@ -36,9 +36,9 @@
 -- full-text candidates, $16 filter mode (0 none, 1 only the items in $17, 2 check each
 -- candidate's item against $18-$25, the filter as search_item_matches() takes it, 3 the
 -- parts' tags against $27), $17 item ids, $26 one result per item (its best part), $27 the
--- tag filter as a jsonpath under the tenant's key, $28 the fewest parts a tag filter may
--- pass and still be ranked exactly (MEMMILL_SEARCH_EXACT_PARTS), $29 the tag filter as
--- {key: [values]}, for the tag statistics.
+-- tag filter as a jsonpath under the tenant's key, $28 MEMMILL_SEARCH_EXACT_PARTS (the
+-- least bound on the parts a tag filter ranks exactly, see `tag_plan`), $29 the tag filter
+-- as {key: [values]}, for the tag statistics.
 -- name: hybrid
 WITH terms AS (
     SELECT u.lexeme, lexeme_dim(u.lexeme) AS dim, coalesce(s.parts, 0) AS df
