@@ -507,8 +507,10 @@ async def test_sigterm_finishes_or_releases_in_flight_jobs(
     grace_s = 2
     env = {"MEMMILL_SHUTDOWN_GRACE_S": str(grace_s)}
     n = 40
-    # A long job first: its embed job (loading the model, then 60 parts) outlasts the grace.
-    await lab.put({"term/big": prose(random.Random(5), 60)})
+    # A long job first: its embed job (loading the model, then 150 parts, about 4 s on two
+    # idle cores) outlasts the grace. With 60 parts it sometimes finished within the grace on
+    # an idle machine, while the test waited for the short jobs below.
+    await lab.put({"term/big": prose(random.Random(5), 150)})
     a = lab.start_worker("A", env)
     big_embed = await lab.fetchval(
         "SELECT id FROM jobs WHERE item_id = 'term/big' AND kind = 'embed'")
