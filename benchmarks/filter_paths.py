@@ -89,7 +89,7 @@ async def benchmark(args: argparse.Namespace, dsn: str) -> None:
                   f" {'default ms':>11}  default picks", flush=True)
             stored = await pool.fetchval("SELECT parts FROM text_stats WHERE tenant_id = $1",
                                          tenant)
-            bound = max(settings.search_exact_parts, int(16 * stored ** 0.5))
+            bound = max(settings.search_exact_parts, round(16 * stored ** 0.5))  # as SQL
             for share in args.shares:
                 tags = {"shard": [f"s{i:02d}" for i in range(share)]}
                 items = await pool.fetchval(
