@@ -67,18 +67,22 @@ def tags_predicate(tags: Mapping[str, str | list[str]], tenant_id: int | None = 
     `($."lang" == "en" || $."lang" == "fr") && $."team" == "core"`. Keys and values are
     written as JSON strings, whose escapes jsonpath reads the same way, so no text of the
     caller's can change the predicate's shape; Postgres answers it from the GIN index. With
-    `tenant_id`, the paths start under the tenant's key, as the index of the parts' tags
-    keys them (`tenant_tags()`, migration 0008)."""
+    `tenant_id`, the paths start under the tenant's key, as parts store their tags
+    (`parts.tenant_tags`, migration 0008)."""
     if not tags:
         return None
     root = "$" if tenant_id is None else f'$."{int(tenant_id)}"'
     clauses = []
-    for key, wanted in tags.items():
-        values = [wanted] if isinstance(wanted, str) else wanted  # one value, or any of these
+    for key, values in tag_options(tags).items():
         path = f"{root}.{json.dumps(key, ensure_ascii=False)}"
         options = [f"{path} == {json.dumps(v, ensure_ascii=False)}" for v in values]
         clauses.append(options[0] if len(options) == 1 else f"({' || '.join(options)})")
     return " && ".join(clauses)
+
+
+def tag_options(tags: Mapping[str, str | list[str]]) -> dict[str, list[str]]:
+    """Each key's accepted values: one value, or any of these."""
+    return {key: [wanted] if isinstance(wanted, str) else wanted for key, wanted in tags.items()}
 
 
 @dataclass(frozen=True)
@@ -182,7 +186,7 @@ async def search(
             tags_predicate(params.filters.tags, tenant_id) if filter_mode == FILTER_TAGGED
             else None,
             settings.search_exact_parts,
-            {k: [v] if isinstance(v, str) else v for k, v in params.filters.tags.items()},
+            tag_options(params.filters.tags),
         )
     timings["sql"] = (time.perf_counter() - started) * 1000
     return SearchOutcome(
@@ -192,8 +196,10 @@ async def search(
 
 
 def _filter_path(filter_mode: int, rows: list[asyncpg.Record]) -> FilterPath | None:
-    exact = {FILTER_LISTED: True, FILTER_CHECKED: False}.get(
-        filter_mode, rows[0]["filter_exact"] if rows and filter_mode == FILTER_TAGGED else None)
+    if filter_mode == FILTER_TAGGED:  # decided in the statement, told on every row
+        exact = rows[0]["filter_exact"] if rows else None
+    else:
+        exact = {FILTER_LISTED: True, FILTER_CHECKED: False}.get(filter_mode)
     return None if exact is None else "exact" if exact else "checked"
 
 
