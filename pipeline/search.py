@@ -161,37 +161,45 @@ async def search(
     elif params.filters.active:
         filter_mode, listed = await filtered_items(filter_pool, tenant_id, params.filters,
                                                     settings.search_exact_items)
+    args = hybrid_args(tenant_id, text, vector, mode, alpha, params, settings, filter_mode,
+                       listed)
     async with pool.acquire() as conn:
-        rows = await conn.fetch(
-            Q["search.hybrid"],
-            tenant_id,
-            text,
-            vector,
-            _candidates(params, settings),
-            alpha,
-            mode != "fts",
-            mode != "semantic",
-            settings.rrf_k if params.k is None else params.k,
-            settings.rerank_blend if params.blend is None else params.blend,
-            settings.recency_half_life_days,
-            params.limit,
-            params.offset,
-            reindex.model_key(settings),
-            params.fusion or settings.search_fusion,
-            fts_postings(params, mode, settings),
-            filter_mode,
-            listed,
-            *params.filters.sql_args(),
-            params.group_by == "item",
-            tags_predicate(params.filters.tags, tenant_id) if filter_mode == FILTER_TAGGED
-            else None,
-            settings.search_exact_parts,
-            tag_options(params.filters.tags),
-        )
+        rows = await conn.fetch(Q["search.hybrid"], *args)
     timings["sql"] = (time.perf_counter() - started) * 1000
     return SearchOutcome(
         results=[_result(r) for r in rows], mode=mode, warnings=warnings, timings_ms=timings,
         filter_path=_filter_path(filter_mode, rows),
+    )
+
+
+def hybrid_args(tenant_id: int, text: str, vector: np.ndarray, mode: str, alpha: float,
+                params: SearchParams, settings: Settings, filter_mode: int,
+                listed: list[str] | None) -> tuple[Any, ...]:
+    """search.hybrid's parameters, $1 to $29, in order (the statement's header says what each
+    is); apart from search(), tests read the statement's plan with them."""
+    return (
+        tenant_id,
+        text,
+        vector,
+        _candidates(params, settings),
+        alpha,
+        mode != "fts",
+        mode != "semantic",
+        settings.rrf_k if params.k is None else params.k,
+        settings.rerank_blend if params.blend is None else params.blend,
+        settings.recency_half_life_days,
+        params.limit,
+        params.offset,
+        reindex.model_key(settings),
+        params.fusion or settings.search_fusion,
+        fts_postings(params, mode, settings),
+        filter_mode,
+        listed,
+        *params.filters.sql_args(),
+        params.group_by == "item",
+        tags_predicate(params.filters.tags, tenant_id) if filter_mode == FILTER_TAGGED else None,
+        settings.search_exact_parts,
+        tag_options(params.filters.tags),
     )
 
 
@@ -237,7 +245,9 @@ def fts_postings(params: SearchParams, mode: str, settings: Settings) -> int:
     for the page's ranking (SciFact: the same nDCG@10 from 20 to 1000 postings at limit 10),
     while the deepest pages need more (Recall@100 of 100 items: 0.962 with 1000 postings,
     0.952 with 300). The page's size sets it, not its offset, so that paging through results
-    with one page size walks one ranking."""
+    with one page size walks one ranking. A hybrid search whose rarest word alone has more
+    postings than this reads the parts holding both of its two rarest words (`pair_keys` in
+    search.sql)."""
     if mode == "fts":
         return settings.fts_candidate_postings
     page = _parts_for(params, params.limit)

@@ -168,6 +168,45 @@ async def test_full_text_candidates_hold_the_rarest_words_within_the_budget(
     assert await topics(12) == {"bread", "glacier"}
     assert await topics(1000) == set(TOPICS)  # "note" is in every part
 
+
+async def test_a_hybrid_search_whose_rarest_word_is_too_common_reads_its_two_rarest_together(
+    world: World,
+) -> None:
+    """"glacier" is in six parts, "rise" in twelve (the bread and the volcano notes), and no
+    part holds both. With a budget of five postings, a hybrid search's full-text side reads
+    only the parts holding both words (none), while a search on full text alone still reads
+    the rarest word's six; with a budget of six, the rarest word fits and is read alone.
+    Counted as the rows that pass the full-text side's word condition, in the generic plan the
+    API's search pool runs; the hybrid search still finds the glaciers, by their vectors."""
+    query = "glaciers rise"
+    vector = await QueryCache(get_embedder(world.settings)).embed_query(query)
+
+    async def postings_read(mode: str, budget: int) -> int:
+        settings = world.settings.model_copy(update={"hybrid_postings_per_result": budget,
+                                                     "fts_candidate_postings": budget})
+        params = SearchParams(query=query, mode=mode, limit=1)  # a page of one part
+        args = search_module.hybrid_args(world.tenant_id, query, vector, mode, 0.7, params,
+                                         settings, search_module.FILTER_NONE, None)
+        async with world.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            plan = await conn.fetchval(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + Q["search.hybrid"], *args)
+        # The node that applies the word condition: the heap scan behind the word index,
+        # or, in this small table, the join over a scan of every part.
+        (reader,) = [n for n in _plan_nodes(plan if isinstance(plan, list) else json.loads(plan))
+                     if any("tenant_lexemes" in n.get(f, "")
+                            for f in ("Recheck Cond", "Join Filter", "Filter"))]
+        return int(reader["Actual Rows"])
+
+    assert await postings_read("hybrid", 5) == 0
+    assert await postings_read("fts", 5) == 6
+    assert await postings_read("hybrid", 6) == 6
+    settings = world.settings.model_copy(update={"hybrid_postings_per_result": 1})
+    outcome = await search_module.search(
+        world.pool, QueryCache(get_embedder(settings)), settings, tenant_id=world.tenant_id,
+        params=SearchParams(query=query, limit=3), filter_pool=world.pool)
+    assert outcome.results[0]["item"]["id"].startswith("glacier/")
+
 async def test_bm25_terms_saturate_and_normalize_length(world: World) -> None:
     async def weight(text: str, word: str) -> float:
         return await world.pool.fetchval(

@@ -5,7 +5,9 @@
 -- keyed by tenant and word, migration 0007, read through `rare_keys`; the rarest words
 -- whose document frequencies add up to at most $15, at least one that occurs: a
 -- part with none of them cannot outscore one that has them by much, and the candidate set
--- stays small whatever common words the query holds). Each side scores its candidates on
+-- stays small whatever common words the query holds; in a hybrid search whose rarest word
+-- alone has more postings than that, the parts holding both of the two rarest words, see
+-- `pair_keys`). Each side scores its candidates on
 -- both sides as it finds them, cosine similarity and BM25 (`terms <#> weights`, see
 -- migration 0005), so a part found by one side is not penalised for being missing from the
 -- other and no candidate is fetched twice; the scores are fused by search_fused() into
@@ -65,7 +67,15 @@ q AS (
                       sum(df) OVER (ORDER BY df, lexeme) AS postings,
                       count(*) FILTER (WHERE df > 0) OVER (ORDER BY df, lexeme) AS present
                FROM terms) rarest
-         WHERE present <= 1 OR postings <= $15) AS rare_keys
+         WHERE present <= 1 OR postings <= $15) AS rare_keys,
+        -- Conjunctive first: in a hybrid search, when even the rarest word has more postings
+        -- than the budget, the parts holding both of the two rarest words, which the index
+        -- intersects before a row is read. A part holding one of them alone can still come
+        -- from the vector side, which BM25-scores its candidates too.
+        (SELECT array_agg($1 || ' ' || lexeme)
+         FROM (SELECT lexeme FROM terms WHERE df > 0 ORDER BY df, lexeme LIMIT 2) two
+         WHERE $6 AND (SELECT min(df) FILTER (WHERE df > 0) FROM terms) > $15
+         HAVING count(*) = 2) AS pair_keys
 ),
 ix AS (
     SELECT coalesce(model, $13) = $13 AS current,
@@ -169,7 +179,9 @@ fts AS (
     -- keys' few postings with a bitmap of every part of the tenant (parts_tenant), 10 ms
     -- at 100k parts.
     WHERE $7 AND NOT ($16 = 3 AND (SELECT yes FROM exact))
-      AND tenant_lexemes(p.tenant_id, p.tsv) && q.rare_keys AND p.tenant_id + 0 = $1
+      AND (tenant_lexemes(p.tenant_id, p.tsv) && CASE WHEN q.pair_keys IS NULL THEN q.rare_keys END
+           OR tenant_lexemes(p.tenant_id, p.tsv) @> q.pair_keys)
+      AND p.tenant_id + 0 = $1
       AND ($16 = 0
            OR ($16 = 1 AND p.item_id IN (SELECT id FROM listed))
            OR ($16 = 3 AND p.tenant_tags @@ $27)
