@@ -12,6 +12,7 @@ from arq.connections import ArqRedis
 from fastapi import Depends, Header, Request
 
 from pipeline import tenants
+from pipeline.key_cache import KeyCache
 from pipeline.providers.embeddings import QueryCache
 from pipeline.settings import Settings
 
@@ -36,11 +37,16 @@ async def _query_cache(request: Request) -> QueryCache:
     return request.app.state.query_cache
 
 
+async def _key_cache(request: Request) -> KeyCache:
+    return request.app.state.key_cache
+
+
 SettingsDep = Annotated[Settings, Depends(_settings)]
 PoolDep = Annotated[asyncpg.Pool, Depends(_pool)]
 SearchPoolDep = Annotated[asyncpg.Pool, Depends(_search_pool)]
 QueueDep = Annotated[ArqRedis, Depends(_queue)]
 QueryCacheDep = Annotated[QueryCache, Depends(_query_cache)]
+KeyCacheDep = Annotated[KeyCache, Depends(_key_cache)]
 
 
 def _key(authorization: str | None, x_api_key: str | None) -> str | None:
@@ -52,10 +58,11 @@ def _key(authorization: str | None, x_api_key: str | None) -> str | None:
 
 async def _current_tenant(
     pool: PoolDep,
+    keys: KeyCacheDep,
     authorization: Annotated[str | None, Header()] = None,
     x_api_key: Annotated[str | None, Header()] = None,
 ) -> int:
-    return await tenants.authenticate(pool, _key(authorization, x_api_key))
+    return await tenants.authenticate(pool, _key(authorization, x_api_key), keys)
 
 
 async def authenticate_request(request: Request) -> int:
@@ -63,7 +70,8 @@ async def authenticate_request(request: Request) -> int:
     (a body that is not valid JSON is rejected before any dependency runs)."""
     headers = request.headers
     return await tenants.authenticate(
-        request.app.state.pool, _key(headers.get("authorization"), headers.get("x-api-key"))
+        request.app.state.pool, _key(headers.get("authorization"), headers.get("x-api-key")),
+        request.app.state.key_cache,
     )
 
 

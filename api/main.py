@@ -15,6 +15,7 @@ from api import errors
 from api.limits import BodySizeLimit
 from api.routes import dead_letters, health, items, jobs, search
 from pipeline.db import create_pool
+from pipeline.key_cache import KeyCache
 from pipeline.providers.embeddings import QueryCache, get_embedder
 from pipeline.settings import Settings, get_settings
 
@@ -53,6 +54,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         embedder = get_embedder(
             settings.model_copy(update={"embedding_threads": settings.embedding_threads or 1}))
         app.state.query_cache = QueryCache(embedder)
+        app.state.key_cache = KeyCache(settings.database_url, ttl_s=settings.auth_cache_seconds)
+        listening = asyncio.create_task(app.state.key_cache.run())
         # Load the model in the background so the first search does not pay for it.
         warm = getattr(embedder, "warm_up", None)
         warming = asyncio.create_task(warm()) if warm else None
@@ -61,6 +64,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             if warming is not None and not warming.done():
                 warming.cancel()
+            listening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listening
             await app.state.queue.aclose()
             await app.state.search_pool.close()
             await app.state.pool.close()

@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     default_tenant: str = "default"
     db_pool_min_size: int = Field(default=1, ge=0)
     db_pool_max_size: int = Field(default=10, ge=1)
+    # How long the API trusts a key it has checked; changes to keys reach it at once all the
+    # same (pipeline/key_cache.py). 0 checks every request's key in the database.
+    auth_cache_seconds: float = Field(default=60.0, ge=0)
 
     # Input limits: larger bodies are refused with 413 before anything is written.
     max_content_bytes: int = Field(default=2_000_000, ge=1)

@@ -9,6 +9,7 @@ import asyncpg
 
 from pipeline.db import Q
 from pipeline.errors import BadInput, Unauthorized
+from pipeline.key_cache import KeyCache
 
 KEY_PREFIX = "mm_"
 MIN_KEY_CHARS = 16
@@ -38,11 +39,18 @@ async def add_key(
     return row_id is not None
 
 
-async def authenticate(pool: asyncpg.Pool, key: str | None) -> int:
-    """The tenant a key belongs to. Every failure is the same 401, so keys cannot be probed."""
+async def authenticate(pool: asyncpg.Pool, key: str | None, cache: KeyCache | None = None) -> int:
+    """The tenant a key belongs to, from `cache` when it holds the key. Every failure is the
+    same 401, so keys cannot be probed; a refused key is never cached."""
     if not key:
         raise Unauthorized()
-    tenant_id = await pool.fetchval(Q["tenants.authenticate"], hash_key(key))
+    key_hash = hash_key(key)
+    if cache is not None and (tenant_id := cache.get(key_hash)) is not None:
+        return tenant_id
+    generation = cache.generation if cache is not None else 0
+    tenant_id = await pool.fetchval(Q["tenants.authenticate"], key_hash)
     if tenant_id is None:
         raise Unauthorized("invalid or revoked API key")
+    if cache is not None:
+        cache.put(key_hash, tenant_id, generation)
     return tenant_id
