@@ -22,11 +22,12 @@ from pipeline.db import Q
 
 log = logging.getLogger(__name__)
 
-# Each recount joins two sets of up to a row per word or per item. A worker's connection runs
-# the same prepared statements again and again, and Postgres settles on a generic plan made
-# while the tenant was small, where such a join looked tiny: a nested loop, which at 100k
-# parts compared 45k items with 33k counts for 15 minutes, where a hash join takes 0.1 s.
-# These statements never want a nested loop but for a LATERAL call, which has no other way.
+# Each recount joins two sets of up to a row per word or per item. Planned from statistics
+# taken while the tenant was small (a bulk load commits before the next ANALYZE counts it, and
+# the sweeper recounts at once; a worker's prepared statement may also run a generic plan),
+# such a join looked tiny: a nested loop, which at 100k parts compared 45k items with 33k
+# counts for 15 minutes, where a hash join takes 0.1 s. These statements never want a nested
+# loop but for a LATERAL call, which has no other way.
 RECOUNT_SETTINGS = "SET LOCAL enable_nestloop = off"
 
 

@@ -284,11 +284,11 @@ def _joins_of_two_relations(plan: dict[str, Any]) -> list[str]:
 async def test_recounts_never_join_by_nested_loop_in_a_plan_made_while_the_tenant_was_small(
     pool: asyncpg.Pool, tenant: tuple[int, str]
 ) -> None:
-    """A worker runs the recount statements again and again on one connection, and Postgres
-    settles on a generic plan; made while the tenant was small, it joined the items with their
-    part counts by a nested loop, which took 15 minutes once the tenant held 100k parts (see
-    text_stats.RECOUNT_SETTINGS). Here the plans are made on an empty tenant: without the
-    recount's settings that is a nested loop, with them a hash join."""
+    """Planned from statistics of a small tenant (the sweeper recounts as soon as a bulk load
+    commits, before ANALYZE has counted it), a recount joined the items with their part counts
+    by a nested loop, which took 15 minutes once the tenant held 100k parts (see
+    text_stats.RECOUNT_SETTINGS). Here the generic plans are made on an empty tenant: without
+    the recount's settings that is a nested loop, with them a hash join."""
     tenant_id = tenant[0]
     await pool.execute("ANALYZE items; ANALYZE parts; ANALYZE lexeme_stats; ANALYZE tag_stats")
 
