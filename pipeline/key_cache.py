@@ -46,7 +46,7 @@ class KeyCache:
     def put(self, key_hash: bytes, tenant_id: int, generation: int) -> None:
         """Remember a key checked by a read that began at `generation`: a change heard since may
         have come after that read, so its result is then dropped."""
-        if self.listening and generation == self.generation and self._ttl_s > 0:
+        if self.listening and generation == self.generation:  # never listening at ttl 0
             self._tenants[key_hash] = (tenant_id, time.monotonic() + self._ttl_s)
 
     def _forget(self, *_: object) -> None:

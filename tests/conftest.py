@@ -11,6 +11,7 @@ import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -167,3 +168,11 @@ async def drain(settings: Settings, pool: asyncpg.Pool, *, max_rounds: int = 50)
             return
         await asyncio.sleep(0.05)
     raise AssertionError("jobs still active after draining")
+
+
+def plan_nodes(plan: Any) -> list[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan."""
+    if isinstance(plan, list):
+        return [n for p in plan for n in plan_nodes(p)]
+    node = plan.get("Plan", plan)
+    return [node] + [n for child in node.get("Plans", []) for n in plan_nodes(child)]

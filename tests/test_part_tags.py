@@ -20,7 +20,7 @@ from pipeline.db import MIGRATIONS_DIR, Q, create_pool, migrate, migration_files
 from pipeline.providers.embeddings import QueryCache, get_embedder
 from pipeline.search import SearchFilters, SearchParams, tags_predicate
 from pipeline.settings import Settings
-from tests.conftest import drain
+from tests.conftest import drain, plan_nodes
 
 
 @pytest.fixture
@@ -271,14 +271,12 @@ def test_tag_predicates_under_a_tenant_key_quote_everything() -> None:
         '($."42"."team" == "a" || $."42"."team" == "b\\"") && $."42"."x y" == "1"')
 
 
-def _joins_of_two_relations(plan: dict[str, Any]) -> list[str]:
-    """The join nodes of a plan whose inner side is not a function call (a LATERAL
+def _joins_of_two_relations(plan: Any) -> list[str]:
+    """The nested loops of a plan whose inner side is not a function call (a LATERAL
     jsonb_each_text has no way to be joined but a nested loop)."""
-    node = plan.get("Plan", plan)
-    children = node.get("Plans", [])
-    found = [node["Node Type"]] if node["Node Type"] == "Nested Loop" and not any(
-        c["Node Type"] in ("Function Scan", "Memoize") for c in children) else []
-    return found + [j for c in children for j in _joins_of_two_relations(c)]
+    return [n["Node Type"] for n in plan_nodes(plan) if n["Node Type"] == "Nested Loop"
+            and not any(c["Node Type"] in ("Function Scan", "Memoize")
+                        for c in n.get("Plans", []))]
 
 
 async def test_recounts_never_join_by_nested_loop_in_a_plan_made_while_the_tenant_was_small(
@@ -302,8 +300,7 @@ async def test_recounts_never_join_by_nested_loop_in_a_plan_made_while_the_tenan
                 plan = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE recount ({tenant_id})")
             finally:
                 await conn.execute("DEALLOCATE recount")
-        plans = plan if isinstance(plan, list) else json.loads(plan)
-        return [j for p in plans for j in _joins_of_two_relations(p)]
+        return _joins_of_two_relations(plan if isinstance(plan, list) else json.loads(plan))
 
     assert await nested_loops("text_stats.refresh_tags", None)  # the hazard, as it was
     for name in ("text_stats.refresh_lexemes", "text_stats.refresh_tags",

@@ -33,7 +33,7 @@ from pipeline.search import (
     tags_predicate,
 )
 from pipeline.settings import Settings
-from tests.conftest import TEMPLATE, drain, free_port
+from tests.conftest import TEMPLATE, drain, free_port, plan_nodes
 
 # --- The ranking arithmetic (migration 0005's SQL functions), from tables of cases.
 
@@ -193,7 +193,7 @@ async def test_a_hybrid_search_whose_rarest_word_is_too_common_reads_its_two_rar
                 "EXPLAIN (ANALYZE, FORMAT JSON) " + Q["search.hybrid"], *args)
         # The node that applies the word condition: the heap scan behind the word index,
         # or, in this small table, the join over a scan of every part.
-        (reader,) = [n for n in _plan_nodes(plan if isinstance(plan, list) else json.loads(plan))
+        (reader,) = [n for n in plan_nodes(plan if isinstance(plan, list) else json.loads(plan))
                      if any("tenant_lexemes" in n.get(f, "")
                             for f in ("Recheck Cond", "Join Filter", "Filter"))]
         return int(reader["Actual Rows"])
@@ -206,6 +206,7 @@ async def test_a_hybrid_search_whose_rarest_word_is_too_common_reads_its_two_rar
         world.pool, QueryCache(get_embedder(settings)), settings, tenant_id=world.tenant_id,
         params=SearchParams(query=query, limit=3), filter_pool=world.pool)
     assert outcome.results[0]["item"]["id"].startswith("glacier/")
+
 
 async def test_bm25_terms_saturate_and_normalize_length(world: World) -> None:
     async def weight(text: str, word: str) -> float:
@@ -271,20 +272,12 @@ async def test_full_text_candidates_are_read_through_the_tenant_word_index(
                 await conn.execute("DEALLOCATE plan_check")
         finally:
             await transaction.rollback()
-    nodes = _plan_nodes(plan if isinstance(plan, list) else json.loads(plan))
+    nodes = plan_nodes(plan if isinstance(plan, list) else json.loads(plan))
     scans = {(n["Node Type"], n.get("Index Name")) for n in nodes}
     assert ("Bitmap Index Scan", "parts_tenant_lexemes") in scans, scans
     assert ("BitmapAnd", None) not in scans, scans
     assert not any(n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "parts"
                    for n in nodes), scans
-
-
-def _plan_nodes(plan: Any) -> list[dict[str, Any]]:
-    """Every node of an EXPLAIN (FORMAT JSON) plan."""
-    if isinstance(plan, list):
-        return [n for p in plan for n in _plan_nodes(p)]
-    node = plan.get("Plan", plan)
-    return [node] + [n for child in node.get("Plans", []) for n in _plan_nodes(child)]
 
 
 # --- Through the API, on real data processed by a real worker.

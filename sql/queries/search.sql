@@ -7,8 +7,7 @@
 -- part with none of them cannot outscore one that has them by much, and the candidate set
 -- stays small whatever common words the query holds; in a hybrid search whose rarest word
 -- alone has more postings than that, the parts holding both of the two rarest words, see
--- `pair_keys`). Each side scores its candidates on
--- both sides as it finds them, cosine similarity and BM25 (`terms <#> weights`, see
+-- `pair_keys`). Each side scores its candidates on both sides as it finds them, cosine similarity and BM25 (`terms <#> weights`, see
 -- migration 0005), so a part found by one side is not penalised for being missing from the
 -- other and no candidate is fetched twice; the scores are fused by search_fused() into
 -- [0, 1] and blended with recency and use by search_final().
@@ -73,9 +72,9 @@ q AS (
         -- intersects before a row is read. A part holding one of them alone can still come
         -- from the vector side, which BM25-scores its candidates too.
         (SELECT array_agg($1 || ' ' || lexeme)
-         FROM (SELECT lexeme FROM terms WHERE df > 0 ORDER BY df, lexeme LIMIT 2) two
-         WHERE $6 AND (SELECT min(df) FILTER (WHERE df > 0) FROM terms) > $15
-         HAVING count(*) = 2) AS pair_keys
+         FROM (SELECT lexeme, df FROM terms WHERE df > 0 ORDER BY df, lexeme LIMIT 2) two
+         WHERE $6
+         HAVING count(*) = 2 AND min(df) > $15) AS pair_keys
 ),
 ix AS (
     SELECT coalesce(model, $13) = $13 AS current,
@@ -179,7 +178,8 @@ fts AS (
     -- keys' few postings with a bitmap of every part of the tenant (parts_tenant), 10 ms
     -- at 100k parts.
     WHERE $7 AND NOT ($16 = 3 AND (SELECT yes FROM exact))
-      AND (tenant_lexemes(p.tenant_id, p.tsv) && CASE WHEN q.pair_keys IS NULL THEN q.rare_keys END
+      AND (tenant_lexemes(p.tenant_id, p.tsv)
+               && CASE WHEN q.pair_keys IS NULL THEN q.rare_keys END
            OR tenant_lexemes(p.tenant_id, p.tsv) @> q.pair_keys)
       AND p.tenant_id + 0 = $1
       AND ($16 = 0
