@@ -1,5 +1,8 @@
 """`memmill up`: embedded servers (unless URLs are set), migrations, the API and N workers as
-child processes, a restart for any child that dies, and a clean stop on Ctrl-C or SIGTERM."""
+child processes, a restart for any child that dies, and a clean stop on Ctrl-C or SIGTERM.
+
+It says "ready" only when `/readyz` does (a worker has a heartbeat), and it stops with one
+plain paragraph, not a loop of tracebacks, when a child cannot start."""
 
 from __future__ import annotations
 
@@ -10,18 +13,20 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from memmill.bootstrap import bootstrap
+from memmill.child import Child, advice
 from memmill.embedded import start_postgres, start_valkey
 from pipeline.settings import Settings
 
 RUNTIME_FILE = "runtime.json"
 STOP_GRACE_S = 30.0
-HEALTH_TIMEOUT_S = 120.0
+READY_TIMEOUT_S = 300.0
+# A child that dies this many times during start-up with the same last line cannot start.
+STARTUP_SAME_DEATHS = 2
 
 
 def runtime_file(settings: Settings) -> Path:
@@ -47,21 +52,6 @@ def _port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-@dataclass
-class Child:
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    process: subprocess.Popen | None = None
-    restarts: list[float] = field(default_factory=list)
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(self.argv, env=self.env)
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
 
 
 class StopRequested(Exception):
@@ -121,18 +111,14 @@ def run_up(settings: Settings, *, workers: int) -> int:
         ]
         for child in children:
             child.start()
-        runtime_file(settings).write_text(
-            json.dumps(
-                {
-                    "pid": os.getpid(),
-                    "api_url": settings.api_url,
-                    "database_url": database_url,
-                    "redis_url": redis_url,
-                }
-            )
-        )
-        _wait_healthy(settings, children[0])
-        print(f"memmill is up ({time.monotonic() - started:.1f}s)", flush=True)
+        _write_private(runtime_file(settings), json.dumps({
+            "pid": os.getpid(),
+            "api_url": settings.api_url,
+            "database_url": database_url,
+            "redis_url": redis_url,
+        }))
+        _wait_ready(settings, children)
+        print(f"memmill is ready ({time.monotonic() - started:.1f}s)", flush=True)
         print(f"  API:       {settings.api_url}", flush=True)
         print(f"  API docs:  {settings.api_url}/docs", flush=True)
         print(f"  API key:   {key}", flush=True)
@@ -142,8 +128,8 @@ def run_up(settings: Settings, *, workers: int) -> int:
         _supervise(children)
     except StopRequested as stop:
         print(f"stopping ({stop})…", flush=True)
-    except RuntimeError as exc:
-        print(f"memmill up failed: {exc}", file=sys.stderr)
+    except StartupFailed as failed:
+        print(f"\nmemmill up failed: {failed}", file=sys.stderr, flush=True)
         return 1
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -155,34 +141,84 @@ def run_up(settings: Settings, *, workers: int) -> int:
     return 0
 
 
-def _wait_healthy(settings: Settings, api: Child) -> None:
-    deadline = time.monotonic() + HEALTH_TIMEOUT_S
+class StartupFailed(Exception):
+    """A child cannot start; the message is the paragraph the user reads."""
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read, from its first byte (it holds URLs with secrets)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+
+
+def _readiness(settings: Settings) -> dict | None:
+    try:
+        return httpx.get(f"{settings.api_url}/readyz", timeout=2).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def _wait_ready(settings: Settings, children: list[Child]) -> None:
+    """Wait until `/readyz` answers ready, restarting a child that dies once; a child that dies
+    again with the same last line stops the start with `StartupFailed`."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    deaths: dict[str, list[str]] = {}
+    said_waiting = False
     while time.monotonic() < deadline:
-        if not api.alive():
-            raise RuntimeError("the API process exited during start-up (see its log above)")
-        try:
-            if httpx.get(f"{settings.api_url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"the API did not become healthy within {HEALTH_TIMEOUT_S:.0f}s")
-
-
-def _supervise(children: list[Child]) -> None:
-    """Restart a child that died, at most 5 times a minute, so one crash is not an outage."""
-    while True:
-        time.sleep(0.5)
         for child in children:
             if child.alive():
                 continue
-            now = time.monotonic()
-            child.restarts = [t for t in child.restarts if now - t < 60] + [now]
-            if len(child.restarts) > 5:
-                raise RuntimeError(f"{child.name} keeps exiting; giving up")
-            code = child.process.returncode if child.process else None
-            print(f"{child.name} exited with {code}; restarting", file=sys.stderr, flush=True)
+            last = child.last_error_line()
+            seen = deaths.setdefault(child.name, [])
+            seen.append(last)
+            if seen.count(last) >= STARTUP_SAME_DEATHS:
+                raise StartupFailed(
+                    f"the {child.name} process cannot start: it exited twice during start-up "
+                    f"with the same error.\n  last line: {last}\n  {advice(last)}")
+            print(f"{child.name} exited during start-up ({last}); starting it once more",
+                  file=sys.stderr, flush=True)
             child.start()
+        report = _readiness(settings)
+        if report is not None and report.get("ready"):
+            return
+        if report is not None and not said_waiting and report.get("missing") == ["workers"]:
+            print("the API is up and accepts writes; waiting for a worker to start "
+                  "(loading the embedding model)…", flush=True)
+            said_waiting = True
+        time.sleep(0.25)
+    missing = ", ".join((_readiness(settings) or {}).get("missing", ["the API"]))
+    raise StartupFailed(
+        f"memmill did not become ready within {READY_TIMEOUT_S:.0f}s; still missing: {missing}.\n"
+        f"  {advice('')}")
+
+
+def _supervise(children: list[Child]) -> None:
+    """Restart any child that dies, with backoff, one line per restart, for as long as it
+    runs; say plainly when no worker is left, since writes are still accepted then."""
+    workers = [c for c in children if c.name.startswith("worker")]
+    warned_no_worker = False
+    while True:
+        time.sleep(0.25)
+        now = time.monotonic()
+        for child in children:
+            if child.alive():
+                continue
+            if child.restart_at is None:
+                last = child.last_error_line()
+                delay = child.schedule_restart(now)
+                print(f"{child.name} exited with status {child.exit_code()} ({last}); "
+                      f"restarting in {delay:.0f}s", file=sys.stderr, flush=True)
+            elif now >= child.restart_at:
+                child.start()
+        running = any(w.alive() for w in workers)
+        if not running and not warned_no_worker:
+            print("no worker is running: writes are still accepted and kept in the job ledger, "
+                  "and nothing is processed until a worker is back", file=sys.stderr, flush=True)
+        elif running and warned_no_worker:
+            print("a worker is running again", file=sys.stderr, flush=True)
+        warned_no_worker = not running
 
 
 def _stop_children(children: list[Child]) -> None:

@@ -1,7 +1,8 @@
 """`memmill up` as a user runs it: a real process tree, embedded servers, the CLI as a client.
 
-Start, put and search through the CLI, stop with SIGTERM (nothing left running), start again on
-the same data directory (same key, data still there), then run against external servers."""
+Start, put an HTML page, a PDF and a note and search each back, stop with SIGTERM (nothing left
+running), start again on the same data directory (same key, data still there), run against
+external servers, and stop loudly, once, when a worker cannot even import."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ import time
 from pathlib import Path
 
 import asyncpg
+import httpx
 import psutil
 import pytest
 
 from memmill.embedded import default_buffers_mb
 from tests.conftest import free_port
+from tests.test_formats import make_pdf
 
 KEY = "mm_test_bootstrap_key_0123456789"
 
@@ -35,7 +38,7 @@ class Up:
         )
         self.lines: list[str] = []
 
-    def wait_ready(self, timeout_s: float = 180) -> None:
+    def wait_ready(self, timeout_s: float = 300) -> None:
         deadline = time.monotonic() + timeout_s
         assert self.process.stdout is not None
         while time.monotonic() < deadline:
@@ -58,6 +61,42 @@ class Up:
         assert self.process.returncode == 0
         psutil.wait_procs(children, timeout=10)
         return [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+HTML = (b"<html><head><title>Tides</title></head><body><nav>Home | About</nav><article>"
+        b"<h1>Tides</h1><p>Tides are the rise and fall of sea levels caused by the combined "
+        b"gravitational forces of the Moon and the Sun on the rotating Earth.</p></article>"
+        b"</body></html>")
+PDF = make_pdf([["Basalt is a fine-grained volcanic rock", "formed from rapidly cooled lava."]])
+
+
+def documents_round_trip(api_url: str, key: str) -> None:
+    """An HTML page and a PDF (uploaded) and a text note (JSON) all reach `ready` through the
+    real workers, and a search finds each by what only it says."""
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=api_url, headers=headers, timeout=30) as http:
+        files = [("file", ("docs/tides.html", HTML, "text/html")),
+                 ("file", ("docs/basalt.pdf", PDF, "application/pdf"))]
+        answer = http.post("/v1/items/upload", files=files)
+        assert answer.status_code == 202, answer.text
+        assert not answer.json()["refused"], answer.text
+        note = {"id": "notes/ferns", "content": "Ferns reproduce by spores, not seeds."}
+        assert http.post("/v1/items", json=note).status_code == 202
+        ids = ["docs/tides.html", "docs/basalt.pdf", "notes/ferns"]
+        deadline = time.monotonic() + 120
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            looked = http.post("/v1/items/lookup", json={"ids": ids}).json()
+            states = {entry["id"]: entry["status"] for entry in looked["items"]}
+            if all(states.get(i) in ("ready", "failed") for i in ids):
+                break
+            time.sleep(0.3)
+        assert states == dict.fromkeys(ids, "ready"), states
+        for query, wanted in [("gravitational pull of the Moon on the sea", "docs/tides.html"),
+                              ("volcanic rock from cooled lava", "docs/basalt.pdf"),
+                              ("how ferns reproduce", "notes/ferns")]:
+            found = http.post("/v1/search", json={"query": query, "group_by": "item"}).json()
+            assert found["results"][0]["item"]["id"] == wanted, (query, found["results"][:2])
 
 
 def buffers_mb(database_url: str) -> int:
@@ -107,6 +146,7 @@ def test_up_embedded_round_trip_stop_and_restart(tmp_path: Path, base_env: dict[
         assert item["status"] == "ready" and item["tags"] == {"topic": "biology"}
         out = cli(env, "search", "fungus and alga partnership", "--json")
         assert json.loads(out)["results"][0]["item"]["id"] == "bio/lichen"
+        documents_round_trip(up.printed("API:"), KEY)
     finally:
         leftovers = up.stop()
     assert leftovers == [], f"still running after stop: {leftovers}"
@@ -146,3 +186,36 @@ def test_up_with_external_servers(
         assert json.loads(out)["results"][0]["item"]["id"] == "geo/granite"
     finally:
         assert up.stop() == []
+
+
+def test_up_stops_once_and_plainly_when_a_worker_cannot_import(
+    tmp_path: Path, base_env: dict[str, str], db_url: str, redis_url: str
+) -> None:
+    """What a fresh install without lxml_html_clean did: every worker died at import and the
+    supervisor printed the same traceback until it gave up. Now: one retry, then exit 1 with
+    the error's last line and the install command, and nothing left running."""
+    shim = tmp_path / "shim" / "trafilatura"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text(
+        'raise ImportError("lxml.html.clean module is now a separate project lxml_html_clean")\n')
+    data_dir = tmp_path / "data"
+    env = {**base_env, "MEMMILL_DATABASE_URL": db_url, "MEMMILL_REDIS_URL": redis_url,
+           "MEMMILL_DATA_DIR": str(data_dir), "MEMMILL_QUEUE_NAME": f"memmill:up:{os.getpid()}",
+           "PYTHONPATH": str(shim.parent)}
+    up = Up(data_dir, free_port(), env)
+    children: list[psutil.Process] = []
+    deadline = time.monotonic() + 120
+    while up.process.poll() is None and time.monotonic() < deadline:
+        children = psutil.Process(up.process.pid).children(recursive=True) or children
+        time.sleep(0.2)
+    output, _ = up.process.communicate(timeout=60)
+    assert up.process.returncode == 1, output
+    assert "the worker-1 process cannot start" in output
+    assert ("last line: ImportError: lxml.html.clean module is now a separate project "
+            "lxml_html_clean") in output
+    assert "./dev setup" in output
+    # Its traceback twice at most: the first start and the one retry, never a loop.
+    assert output.count("Traceback (most recent call last)") <= 2, output
+    assert "Ctrl-C stops everything" not in output
+    psutil.wait_procs(children, timeout=10)
+    assert [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE] == []

@@ -23,3 +23,8 @@ RETURNING id, kind, attempts;
 -- name: mark_released_attempts
 UPDATE job_attempts SET finished_at = now(), outcome = 'lost', error = 'worker shut down'
 WHERE job_id = ANY($1::uuid[]) AND finished_at IS NULL;
+
+-- Workers of one queue seen within the window: how many could take a job now.
+-- name: alive_count
+SELECT count(*) FROM workers
+WHERE stopped_at IS NULL AND queue_name = $2 AND last_seen_at > now() - make_interval(secs => $1);
