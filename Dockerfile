@@ -9,21 +9,18 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     TOKENIZERS_PARALLELISM=false \
     MEMMILL_DATA_DIR=/data
 
-# torch first, pinned (the same pin as ./dev) and from the CPU index: otherwise
-# sentence-transformers pulls a multi-GB CUDA build.
-RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
-
 WORKDIR /app
 
-# The dependencies alone, from pyproject.toml, so a code change does not reinstall them.
-COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
- && pip install -r /tmp/requirements.txt \
- && rm /tmp/requirements.txt
+# Exactly the lock that ./dev installs and CI tests, hashes checked, nothing resolved here. Its
+# torch is the CPU build (torch==2.13.0+cpu), which PyTorch's CPU index serves; PyPI's plain
+# torch would pull several GB of CUDA libraries. The lock alone is copied first, so a code
+# change does not reinstall the dependencies.
+COPY requirements.lock ./
+RUN pip install --require-hashes --no-deps --extra-index-url https://download.pytorch.org/whl/cpu -r requirements.lock
 
 # Editable on purpose: the code finds sql/ next to its packages (pipeline/db.py).
 COPY . .
-RUN pip install -e .
+RUN pip install --no-deps --no-build-isolation -e .
 
 RUN useradd --create-home --uid 1000 memmill \
  && mkdir -p /data \

@@ -1,7 +1,7 @@
 """docker-compose.yml and the Dockerfile describe memmill's production shape. Docker is not
 needed here: these tests load both files and hold them to the code (CLI subcommands and options,
-Settings fields, the console script, the torch pin of ./dev). Every helper is also tried against
-a deliberately wrong value, so that each check is known to be able to fail."""
+Settings fields, the console script, the lock and the torch pin of ./dev). Every helper is also
+tried against a deliberately wrong value, so that each check is known to be able to fail."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 PYPROJECT = ROOT / "pyproject.toml"
 DEV_SCRIPT = ROOT / "dev"
+LOCK = ROOT / "requirements.lock"
 
 MEMMILL_SERVICES = ("migrate", "api", "worker")
 LONG_RUNNING = ("api", "worker")
@@ -237,27 +238,35 @@ def pip_installs(instructions: list[tuple[str, str]]) -> list[tuple[int, str]]:
     ]
 
 
-def install_order_problems(text: str, torch_pin: str) -> list[str]:
-    """torch, pinned and from the CPU index, must be installed before the project is copied
-    and before any other pip install (else a CUDA torch comes in as a dependency)."""
+def install_order_problems(text: str) -> list[str]:
+    """The image installs exactly the lock: one `pip install --require-hashes -r
+    requirements.lock` with the CPU index (the lock's torch is the CPU build), before the
+    repository is copied and before any other pip install; then the project alone (`--no-deps
+    -e .`), so nothing is resolved in the image."""
     instructions = dockerfile_instructions(text)
     installs = pip_installs(instructions)
-    pin = re.compile(rf"(?<![\w.-]){re.escape(torch_pin)}(?![\w.])")
-    torch = [i for i, args in installs if pin.search(args)]
-    if not torch:
-        return [f"no RUN pip install of {torch_pin}"]
-    first_torch = torch[0]
+    locked = [i for i, args in installs if re.search(rf"-r\s+{LOCK.name}(\s|$)", args)]
+    if not locked:
+        return [f"no RUN pip install -r {LOCK.name}"]
+    first = locked[0]
     problems = []
-    torch_args = instructions[first_torch][1]
-    if f"--index-url {TORCH_CPU_INDEX}" not in torch_args:
-        problems.append(f"{torch_pin} is not installed from {TORCH_CPU_INDEX}")
-    if any(i < first_torch for i, _ in installs):
-        problems.append(f"a pip install runs before {torch_pin}")
-    editable = [i for i, args in installs if re.search(r"pip\s+install\s+(.*\s)?-e\s+\.", args)]
+    args = instructions[first][1]
+    if "--require-hashes" not in args:
+        problems.append(f"{LOCK.name} is installed without --require-hashes")
+    if f"--extra-index-url {TORCH_CPU_INDEX}" not in args:
+        problems.append(f"{LOCK.name} is installed without the CPU index {TORCH_CPU_INDEX}")
+    if any(i < first for i, _ in installs):
+        problems.append(f"a pip install runs before {LOCK.name}")
+    lock_copies = [i for i, (k, a) in enumerate(instructions) if k == "COPY" and LOCK.name in a]
+    if not lock_copies or lock_copies[0] > first:
+        problems.append(f"{LOCK.name} is not copied before it is installed")
+    editable = [i for i, a in installs if re.search(r"pip\s+install\s+(.*\s)?-e\s+\.", a)]
     if not editable:
         problems.append("the project is not installed with `pip install -e .`")
-    elif editable[0] < first_torch:
-        problems.append(f"`pip install -e .` runs before {torch_pin}")
+    elif editable[0] < first:
+        problems.append(f"`pip install -e .` runs before {LOCK.name}")
+    elif "--no-deps" not in instructions[editable[0]][1]:
+        problems.append("`pip install -e .` resolves dependencies (add --no-deps)")
     copies = [
         i
         for i, (k, args) in enumerate(instructions)
@@ -265,8 +274,8 @@ def install_order_problems(text: str, torch_pin: str) -> list[str]:
     ]
     if not copies:
         problems.append("the repository is never copied (COPY . ...)")
-    elif copies[0] < first_torch:
-        problems.append(f"the repository is copied before {torch_pin} is installed")
+    elif copies[0] < first:
+        problems.append(f"the repository is copied before {LOCK.name} is installed")
     return problems
 
 
@@ -280,6 +289,12 @@ def dev_torch_pin() -> str:
     match = re.search(r"torch==[\w.+]+", DEV_SCRIPT.read_text())
     assert match, "./dev no longer pins torch"
     return match.group(0)
+
+
+def locked_version(name: str) -> str:
+    match = re.search(rf"^{re.escape(name)}==(\S+)", LOCK.read_text(), re.MULTILINE)
+    assert match, f"{name} is not in {LOCK.name}"
+    return match.group(1)
 
 
 # --- fixtures ----------------------------------------------------------------------------------
@@ -380,36 +395,30 @@ def test_ports_healthchecks_dependencies_and_volumes_helpers() -> None:
     }
 
 
-WRONG_ORDER = """\
+LOCKED = """\
 FROM python:3.11-slim
-COPY . /app
-RUN pip install -e .
-RUN pip install torch==2.13.0
-"""
-WRONG_INDEX = """\
-FROM python:3.11-slim
-RUN pip install torch==2.13.0
+COPY requirements.lock ./
+RUN pip install --require-hashes --no-deps --extra-index-url INDEX -r requirements.lock
 COPY . .
-RUN pip install -e .
-"""
-WRONG_PIN = """\
-FROM python:3.11-slim
-RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.12.0
-COPY . .
-RUN pip install .
-"""
+RUN pip install --no-deps -e .
+""".replace("INDEX", TORCH_CPU_INDEX)
 
 
 def test_install_order_problems_catches_wrong_dockerfiles() -> None:
-    pin = "torch==2.13.0"
-    wrong_order = install_order_problems(WRONG_ORDER, pin)
-    assert any("before torch" in p for p in wrong_order)
-    assert any("copied before" in p for p in wrong_order)
-    assert any("download.pytorch.org" in p for p in install_order_problems(WRONG_INDEX, pin))
-    assert install_order_problems(WRONG_PIN, pin) == [f"no RUN pip install of {pin}"]
-    # a longer version that starts with the pin is not the pin
-    for longer in ("2.13.01", "2.13.0.1"):
-        assert install_order_problems(WRONG_PIN.replace("2.12.0", longer), pin)
+    assert install_order_problems(LOCKED) == []
+    unlocked = LOCKED.replace("-r requirements.lock", "-r requirements.txt")
+    assert install_order_problems(unlocked) == ["no RUN pip install -r requirements.lock"]
+    assert any("--require-hashes" in p
+               for p in install_order_problems(LOCKED.replace("--require-hashes ", "")))
+    assert any("CPU index" in p
+               for p in install_order_problems(LOCKED.replace(TORCH_CPU_INDEX, "x")))
+    early = LOCKED.replace("COPY requirements.lock ./\n",
+                           "RUN pip install torch\nCOPY requirements.lock ./\n")
+    assert any("runs before" in p for p in install_order_problems(early))
+    copied_first = LOCKED.replace("COPY requirements.lock ./\n", "COPY . .\n")
+    assert any("copied before" in p for p in install_order_problems(copied_first))
+    resolving = LOCKED.replace("pip install --no-deps -e .", "pip install -e .")
+    assert any("--no-deps" in p for p in install_order_problems(resolving))
 
 
 def test_dockerfile_parsing() -> None:
@@ -628,9 +637,12 @@ def test_dockerfile_base_and_offline_model(instructions: list[tuple[str, str]]) 
     assert dockerfile_env(instructions).get("HF_HUB_OFFLINE") == "1"
 
 
-def test_dockerfile_installs_pinned_cpu_torch_before_the_project() -> None:
-    assert install_order_problems(DOCKERFILE.read_text(), dev_torch_pin()) == []
-    assert dev_torch_pin() == "torch==2.13.0"
+def test_dockerfile_installs_exactly_the_lock_with_the_cpu_torch_of_dev() -> None:
+    assert install_order_problems(DOCKERFILE.read_text()) == []
+    assert dev_torch_pin() == "torch==2.13.0+cpu"
+    assert f"torch=={locked_version('torch')}" == dev_torch_pin()
+    # The lock holds no CUDA library: the CPU build needs none.
+    assert not re.search(r"^nvidia-", LOCK.read_text(), re.MULTILINE)
 
 
 def test_dockerfile_cmd_runs_the_console_script(
