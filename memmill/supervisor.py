@@ -7,6 +7,7 @@ plain paragraph, not a loop of tracebacks, when a child cannot start."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -154,6 +155,8 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def _readiness(settings: Settings) -> dict | None:
+    # httpx logs every request at INFO; four polls a second would bury the children's output.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         return httpx.get(f"{settings.api_url}/readyz", timeout=2).json()
     except (httpx.HTTPError, ValueError):

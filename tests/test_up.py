@@ -99,6 +99,44 @@ def documents_round_trip(api_url: str, key: str) -> None:
             assert found["results"][0]["item"]["id"] == wanted, (query, found["results"][:2])
 
 
+def worker_restarts_after_a_crash(up: Up, database_url: str) -> None:
+    """A worker killed after start-up is restarted (one line says so), and the new one beats
+    and counts in /readyz."""
+    workers = [p for p in psutil.Process(up.process.pid).children()
+               if p.cmdline()[-1:] == ["worker"]]
+    assert len(workers) == 1
+    workers[0].kill()
+    assert up.process.stdout is not None
+    line = up.process.stdout.readline()
+    while line and "restarting in" not in line:
+        line = up.process.stdout.readline()
+    assert line.startswith("worker-1 exited with status -9"), line
+    url = f"http://127.0.0.1:{up.port}/readyz"
+    deadline = time.monotonic() + 120
+    replaced = False
+    while time.monotonic() < deadline and not replaced:
+        alive = [p for p in psutil.Process(up.process.pid).children()
+                 if p.cmdline()[-1:] == ["worker"]]
+        replaced = bool(alive) and alive[0].pid != workers[0].pid and beats(database_url,
+                                                                             alive[0].pid)
+        time.sleep(0.3)
+    assert httpx.get(url).json()["ready"] is True
+    assert replaced, "no new worker after the crash"
+
+
+def beats(database_url: str, pid: int) -> bool:
+    """Whether the worker process `pid` has written its heartbeat."""
+    async def read() -> bool:
+        conn = await asyncpg.connect(database_url)
+        try:
+            return bool(await conn.fetchval(
+                "SELECT count(*) FROM workers WHERE pid = $1 AND stopped_at IS NULL", pid))
+        finally:
+            await conn.close()
+
+    return asyncio.run(read())
+
+
 def buffers_mb(database_url: str) -> int:
     async def read() -> int:
         conn = await asyncpg.connect(database_url)
@@ -184,6 +222,7 @@ def test_up_with_external_servers(
         assert "ready" in out
         out = cli(env, "search", "igneous", "--mode", "fts", "--json")
         assert json.loads(out)["results"][0]["item"]["id"] == "geo/granite"
+        worker_restarts_after_a_crash(up, db_url)
     finally:
         assert up.stop() == []
 
