@@ -9,12 +9,12 @@ from typing import Annotated
 
 import asyncpg
 from arq.connections import ArqRedis
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request
 
-from pipeline import tenants
-from pipeline.key_cache import KeyCache
+from api.auth import PRINCIPAL
 from pipeline.providers.embeddings import QueryCache
 from pipeline.settings import Settings
+from pipeline.tenants import Principal
 
 
 async def _settings(request: Request) -> Settings:
@@ -37,42 +37,23 @@ async def _query_cache(request: Request) -> QueryCache:
     return request.app.state.query_cache
 
 
-async def _key_cache(request: Request) -> KeyCache:
-    return request.app.state.key_cache
-
-
 SettingsDep = Annotated[Settings, Depends(_settings)]
 PoolDep = Annotated[asyncpg.Pool, Depends(_pool)]
 SearchPoolDep = Annotated[asyncpg.Pool, Depends(_search_pool)]
 QueueDep = Annotated[ArqRedis, Depends(_queue)]
 QueryCacheDep = Annotated[QueryCache, Depends(_query_cache)]
-KeyCacheDep = Annotated[KeyCache, Depends(_key_cache)]
 
 
-def _key(authorization: str | None, x_api_key: str | None) -> str | None:
-    if authorization:
-        scheme, _, value = authorization.partition(" ")
-        return value.strip() if scheme.lower() == "bearer" else None
-    return x_api_key
+async def _current_principal(request: Request) -> Principal:
+    # Set by `api.auth.Authenticate` for every /v1/ path, before the body was read.
+    return request.scope[PRINCIPAL]
 
 
-async def _current_tenant(
-    pool: PoolDep,
-    keys: KeyCacheDep,
-    authorization: Annotated[str | None, Header()] = None,
-    x_api_key: Annotated[str | None, Header()] = None,
-) -> int:
-    return await tenants.authenticate(pool, _key(authorization, x_api_key), keys)
+CurrentPrincipal = Annotated[Principal, Depends(_current_principal)]
 
 
-async def authenticate_request(request: Request) -> int:
-    """The same check as `CurrentTenant`, for code that runs before dependencies are solved
-    (a body that is not valid JSON is rejected before any dependency runs)."""
-    headers = request.headers
-    return await tenants.authenticate(
-        request.app.state.pool, _key(headers.get("authorization"), headers.get("x-api-key")),
-        request.app.state.key_cache,
-    )
+async def _current_tenant(principal: CurrentPrincipal) -> int:
+    return principal.tenant_id
 
 
 CurrentTenant = Annotated[int, Depends(_current_tenant)]

@@ -10,7 +10,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from api import deps
 from pipeline.errors import MemmillError
 
 
@@ -32,18 +31,6 @@ def _domain_response(exc: MemmillError) -> JSONResponse:
     return JSONResponse({"detail": exc.message}, status_code=exc.status_code, headers=headers)
 
 
-async def _unauthorized(request: Request) -> JSONResponse | None:
-    """A body that cannot be parsed is rejected before any dependency runs, so before the key
-    is checked; check it here, so that a request without a valid key is always a 401."""
-    if not request.url.path.startswith("/v1/"):
-        return None
-    try:
-        await deps.authenticate_request(request)
-    except MemmillError as exc:
-        return _domain_response(exc)
-    return None
-
-
 def install(app: FastAPI) -> None:
     @app.exception_handler(MemmillError)
     async def _domain(_: Request, exc: MemmillError) -> JSONResponse:
@@ -52,9 +39,6 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = list(exc.errors())
-        json_invalid = any(e.get("type") == "json_invalid" for e in errors)
-        if json_invalid and (denied := await _unauthorized(request)) is not None:
-            return denied
         message = "; ".join(_readable(e) for e in errors[:5])
         return JSONResponse(
             {"detail": message, "errors": [_plain(e) for e in errors[:20]]}, status_code=422
@@ -64,8 +48,6 @@ def install(app: FastAPI) -> None:
     async def _http(request: Request, exc: HTTPException) -> Response:
         # FastAPI reports a body that is not UTF-8 as a bare 400 "error parsing the body".
         if exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):
-            if (denied := await _unauthorized(request)) is not None:
-                return denied
             return JSONResponse(
                 {"detail": f"the body is not valid JSON: it is not UTF-8 ({exc.__cause__.reason})"},
                 status_code=422,

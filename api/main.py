@@ -12,6 +12,7 @@ from arq.connections import RedisSettings
 from fastapi import FastAPI
 
 from api import errors
+from api.auth import Authenticate
 from api.limits import BodySizeLimit
 from api.routes import dead_letters, health, items, jobs, search
 from pipeline.db import create_pool
@@ -83,4 +84,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(module.router)
     bulk = {path: settings.max_bulk_request_bytes for path in items.BULK_PATHS}
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes, larger=bulk)
+    # Added last, so it runs first: the key is checked before the size, and both before a body.
+    app.add_middleware(Authenticate)
     return app

@@ -25,11 +25,12 @@ def read_local_key(settings: Settings) -> str | None:
 
 
 async def register_bootstrap_key(dsn: str, settings: Settings, key: str) -> None:
-    """Make sure the default tenant exists and accepts `key` (idempotent)."""
+    """Make sure the default tenant exists and accepts `key` as its operator's key
+    (idempotent)."""
     conn = await asyncpg.connect(dsn)
     try:
         tenant_id = await tenants.ensure_tenant(conn, settings.default_tenant)
-        await tenants.add_key(conn, tenant_id, key, name="bootstrap")
+        await tenants.add_key(conn, tenant_id, key, name="bootstrap", operator=True)
     finally:
         await conn.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from dataclasses import dataclass
 
 import asyncpg
 
@@ -13,6 +14,16 @@ from pipeline.key_cache import KeyCache
 
 KEY_PREFIX = "mm_"
 MIN_KEY_CHARS = 16
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request acts as: the key's tenant, the key itself (for audit), and whether the
+    key is an operator's, which sees across tenants (workers, the whole queue)."""
+
+    tenant_id: int
+    key_id: int
+    operator: bool = False
 
 
 def hash_key(key: str) -> bytes:
@@ -28,29 +39,37 @@ async def ensure_tenant(conn: asyncpg.Connection | asyncpg.Pool, name: str) -> i
 
 
 async def add_key(
-    conn: asyncpg.Connection | asyncpg.Pool, tenant_id: int, key: str, *, name: str = "default"
+    conn: asyncpg.Connection | asyncpg.Pool,
+    tenant_id: int,
+    key: str,
+    *,
+    name: str = "default",
+    operator: bool = False,
 ) -> bool:
     """Register a key for a tenant; returns False when that exact key already exists."""
     if len(key) < MIN_KEY_CHARS or not key.isprintable() or " " in key:
         raise BadInput(f"an API key needs at least {MIN_KEY_CHARS} printable characters, no spaces")
     row_id = await conn.fetchval(
-        Q["tenants.insert_api_key"], tenant_id, key[:11], hash_key(key), name
+        Q["tenants.insert_api_key"], tenant_id, key[:11], hash_key(key), name, operator
     )
     return row_id is not None
 
 
-async def authenticate(pool: asyncpg.Pool, key: str | None, cache: KeyCache | None = None) -> int:
-    """The tenant a key belongs to, from `cache` when it holds the key. Every failure is the
-    same 401, so keys cannot be probed; a refused key is never cached."""
+async def authenticate(
+    pool: asyncpg.Pool, key: str | None, cache: KeyCache[Principal] | None = None
+) -> Principal:
+    """Who a key acts as, from `cache` when it holds the key. Every failure is the same 401,
+    so keys cannot be probed; a refused key is never cached."""
     if not key:
         raise Unauthorized()
     key_hash = hash_key(key)
-    if cache is not None and (tenant_id := cache.get(key_hash)) is not None:
-        return tenant_id
+    if cache is not None and (principal := cache.get(key_hash)) is not None:
+        return principal
     generation = cache.generation if cache is not None else 0
-    tenant_id = await pool.fetchval(Q["tenants.authenticate"], key_hash)
-    if tenant_id is None:
+    row = await pool.fetchrow(Q["tenants.authenticate"], key_hash)
+    if row is None:
         raise Unauthorized("invalid or revoked API key")
+    principal = Principal(row["tenant_id"], row["id"], row["operator"])
     if cache is not None:
-        cache.put(key_hash, tenant_id, generation)
-    return tenant_id
+        cache.put(key_hash, principal, generation)
+    return principal
