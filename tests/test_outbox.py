@@ -9,6 +9,7 @@ from arq import create_pool
 from arq.connections import RedisSettings
 
 from pipeline import items, jobs
+from pipeline.queue_codec import ARQ_CODEC
 from pipeline.settings import Settings
 from pipeline.sweeper import sweep_once
 from tests.conftest import drain
@@ -21,7 +22,7 @@ async def test_sweeper_enqueues_jobs_redis_never_got(
     async with pool.acquire() as conn, conn.transaction():
         await items.put_item(conn, tenant_id=tenant[0], settings=settings,
                              item=items.NewItem(id="orphan", content="Nobody enqueued me."))
-    queue = await create_pool(RedisSettings.from_dsn(settings.redis_url))
+    queue = await create_pool(RedisSettings.from_dsn(settings.redis_url), **ARQ_CODEC)
     try:
         assert await queue.zcard(settings.queue_name) == 0
         result = await sweep_once(pool, queue, settings)
@@ -49,7 +50,7 @@ async def test_sweeper_reclaims_an_expired_lease(
     await pool.execute(
         "INSERT INTO job_attempts (tenant_id, job_id, attempt, worker_id) VALUES ($1, $2, 1, 'x')",
         tenant[0], job_id)
-    queue = await create_pool(RedisSettings.from_dsn(settings.redis_url))
+    queue = await create_pool(RedisSettings.from_dsn(settings.redis_url), **ARQ_CODEC)
     try:
         assert (await sweep_once(pool, queue, settings)).reclaimed == 1
     finally:
@@ -68,7 +69,7 @@ async def test_later_stages_overtake_a_backlog_of_earlier_ones(
     """A bulk load finishes items one by one: an item's embed, released when its analyze is
     done, runs before the analyze jobs of items submitted earlier."""
     count = 6
-    queue = await create_pool(RedisSettings.from_dsn(settings.redis_url))
+    queue = await create_pool(RedisSettings.from_dsn(settings.redis_url), **ARQ_CODEC)
     try:
         for i in range(count):
             async with pool.acquire() as conn, conn.transaction():

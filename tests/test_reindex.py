@@ -17,6 +17,7 @@ from pipeline import items, jobs, reindex
 from pipeline.errors import RetryLater
 from pipeline.providers import embeddings
 from pipeline.providers.embeddings import QueryCache, get_embedder
+from pipeline.queue_codec import ARQ_CODEC
 from pipeline.search import SearchFilters, SearchParams, search
 from pipeline.settings import Settings
 from tests.conftest import drain
@@ -33,7 +34,7 @@ TEXTS = {
 
 @pytest.fixture
 async def queue(settings: Settings) -> AsyncIterator[ArqRedis]:
-    redis = await create_pool(RedisSettings.from_dsn(settings.redis_url))
+    redis = await create_pool(RedisSettings.from_dsn(settings.redis_url), **ARQ_CODEC)
     yield redis
     await redis.aclose()
 
