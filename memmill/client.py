@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 
-def _quote(item_id: str) -> str:
-    return httpx.URL(path=item_id).raw_path.decode()
+def id_segment(item_id: str) -> str:
+    """An item id as one percent-encoded path segment, so the server gets back exactly the id.
+
+    Everything outside the unreserved characters is encoded, `/`, `%`, `?` and `#` included
+    (left alone, `a%41b` would arrive as `aAb` and `q?x` would lose its query). Dots are
+    unreserved, but a segment of only dots would be resolved away by httpx as `.` or `..`,
+    so such an id has its dots encoded too."""
+    segment = quote(item_id, safe="")
+    return segment.replace(".", "%2E") if set(item_id) <= {"."} else segment
 
 
 class ApiError(Exception):
@@ -48,14 +56,14 @@ class Client:
 
     def get(self, item_id: str, version: int = 0) -> dict[str, Any]:
         params = {"version": version} if version else None
-        return self._call("GET", f"/v1/items/{_quote(item_id)}", params=params)
+        return self._call("GET", f"/v1/items/{id_segment(item_id)}", params=params)
 
     def versions(self, item_id: str) -> list[dict[str, Any]]:
-        return self._call("GET", f"/v1/items/{_quote(item_id)}/versions")
+        return self._call("GET", f"/v1/item-versions/{id_segment(item_id)}")
 
     def delete(self, item_id: str, *, purge: bool = False) -> dict[str, Any]:
         params = {"purge": "true"} if purge else None
-        return self._call("DELETE", f"/v1/items/{_quote(item_id)}", params=params)
+        return self._call("DELETE", f"/v1/items/{id_segment(item_id)}", params=params)
 
     def batch(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
         return self._call("POST", "/v1/items/batch", json={"items": entries})
@@ -72,7 +80,7 @@ class Client:
         return self._call("POST", "/v1/items/lookup", json={"ids": ids})
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/jobs/{job_id}")
+        return self._call("GET", f"/v1/jobs/{id_segment(job_id)}")
 
     def search(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/search", json=body)
@@ -84,7 +92,7 @@ class Client:
         return self._call("GET", "/v1/jobs/stats")
 
     def job_action(self, job_id: str, action: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{job_id}/{action}")
+        return self._call("POST", f"/v1/jobs/{id_segment(job_id)}/{action}")
 
     def dead_letters(self, params: dict[str, Any]) -> dict[str, Any]:
         return self._call("GET", "/v1/dead-letters",

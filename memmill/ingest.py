@@ -215,18 +215,25 @@ class Ingest:
         changed = []
         for work in chunk:
             state = states.get(work.id)
-            tags = {**self.tags, **(work.entry or {}).get("tags", {})}
-            held = (state or {}).get("tags", {})
-            caller = {k: v for k, v in held.items() if not k.startswith("_")}
-            title = (work.entry or {}).get("title")
-            if state and state["content_hash"] == work.digest and caller == tags \
-                    and state["title"] == title:
+            if state and self._same(work, state):
                 self.tally.unchanged += 1
                 if state["status"] == "failed":
                     self.tally.failures[work.id] = state["error"] or "failed"
             else:
                 changed.append(work)
         return changed
+
+    def _same(self, work: Work, state: dict[str, Any]) -> bool:
+        """Whether sending `work` would change nothing, judged as the server judges a put:
+        the same content hash and caller tags (system tags come from extraction), and the
+        same title only where the work gives one. A file gives none, and the title the
+        server extracted from its HTML or PDF is no reason to send it again."""
+        entry = work.entry or {}
+        tags = {**self.tags, **entry.get("tags", {})}
+        caller = {k: v for k, v in state["tags"].items() if not k.startswith("_")}
+        title = entry.get("title")
+        return (state["content_hash"] == work.digest and caller == tags
+                and (title is None or state["title"] == title))
 
     def _submit(self, works: list[Work], progress: Progress, task: TaskID, started: float) -> None:
         files = [w for w in works if w.path is not None]
@@ -244,11 +251,15 @@ class Ingest:
                                                                     started))
 
     def _record(self, answer: dict[str, Any], batch: list[Work]) -> None:
+        """Count each answer once: an item the server found unchanged (sent earlier in this
+        run, say by a dump line repeating a file, or by another client since the lookup) is
+        unchanged, not submitted as well."""
         for accepted in answer["accepted"]:
-            self.tally.submitted += 1
             if accepted["change"] == "unchanged":
                 self.tally.unchanged += 1
-            elif accepted["jobs"]:
+                continue
+            self.tally.submitted += 1
+            if accepted["jobs"]:
                 self.tally.pending.add(accepted["id"])
             else:
                 self.tally.ready += 1

@@ -197,7 +197,7 @@ async def test_versions_by_offset_list_revert_and_purge(
     tags_only = await put("Second text about deserts.", {"t": "2"})
     assert tags_only["change"] == "metadata" and tags_only["jobs"] == []
 
-    listed = (await http.get("/v1/items/v/doc/versions")).json()
+    listed = (await http.get("/v1/item-versions/v/doc")).json()
     assert [(v["offset"], v["version"], v["tags"]) for v in listed] == [
         (0, 3, {"t": "2"}), (1, 2, {"t": "1"}), (2, 1, {"t": "1"})]
     previous = await _item(http, "v/doc", version=2)
@@ -389,7 +389,7 @@ async def test_bad_uploads_and_lookups_are_4xx_and_write_nothing(
     assert r.status_code == 422
     r = await http.delete("/v1/items/nothing/here")
     assert r.status_code == 404 and "nothing/here" in r.json()["detail"]
-    r = await http.get("/v1/items/nothing/here/versions")
+    r = await http.get("/v1/item-versions/nothing/here")
     assert r.status_code == 404
     for table in ("items", "sources", "jobs"):
         assert await pool.fetchval(f"SELECT count(*) FROM {table}") == 0, table

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncpg
 import httpx
 
+from pipeline.queue_codec import ARQ_CODEC
 from pipeline.settings import Settings
 from tests.conftest import drain
 
@@ -71,7 +72,7 @@ async def test_a_job_delivered_twice_has_one_effect(
                                  headers={"Authorization": f"Bearer {tenant[1]}"}) as http:
         body = await _put(http, id="twice", content="Once is enough.\n\nReally, once.")
     analyze = next(j for j in body["jobs"] if j["kind"] == "analyze")
-    queue = await create_pool(RedisSettings.from_dsn(settings.redis_url))
+    queue = await create_pool(RedisSettings.from_dsn(settings.redis_url), **ARQ_CODEC)
     try:
         # A second copy of the same job under another queue id, as a lost-and-found re-enqueue
         # racing the original would produce.

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
-from pydantic import ValidationError
+from fastapi import APIRouter, Path, Query, Request
+from pydantic import TypeAdapter, ValidationError
 from starlette.datastructures import UploadFile
 
 from api.deps import CurrentTenant, PoolDep, QueueDep, SettingsDep
@@ -22,14 +22,22 @@ from api.schemas import (
     ItemStates,
     ItemVersionPublic,
     JobBrief,
+    SafeStr,
 )
 from pipeline import items, jobs, versions
 from pipeline.db import Q
 from pipeline.errors import BadInput, MemmillError, PayloadTooLarge
 from pipeline.settings import Settings
 
-router = APIRouter(prefix="/v1/items", tags=["items"])
+# An item's id is the whole rest of the path, `/` included, so nothing may follow it: a
+# suffix route like `/v1/items/{id}/versions` cannot tell item `doc`'s versions from the item
+# `doc/versions` (the server decodes %2F before routing). An item's versions therefore live
+# under a prefix of their own, and every path below names the full route.
+router = APIRouter(tags=["items"])
 BULK_PATHS = ("/v1/items/batch", "/v1/items/upload")
+ItemId = Annotated[SafeStr, Path(
+    description="The item id as one path segment, percent-encoded: `/` as %2F, `%` as %25, "
+                "`?` as %3F, `#` as %23, and an id of dots as %2E (`..` would be resolved).")]
 
 
 def _public(row: dict[str, Any], job_rows: list[Any] | None = None) -> ItemPublic:
@@ -45,7 +53,7 @@ def _new_item(body: ItemCreate) -> items.NewItem:
     )
 
 
-@router.post("", status_code=202, response_model=ItemAccepted)
+@router.post("/v1/items", status_code=202, response_model=ItemAccepted)
 async def put_item(
     body: ItemCreate, tenant: CurrentTenant, pool: PoolDep, queue: QueueDep, settings: SettingsDep
 ) -> ItemAccepted:
@@ -105,7 +113,7 @@ async def _put_many(
     return BatchResult(accepted=results, refused=refused)
 
 
-@router.post("/batch", status_code=202, response_model=BatchResult)
+@router.post("/v1/items/batch", status_code=202, response_model=BatchResult)
 async def put_batch(
     body: ItemBatch, tenant: CurrentTenant, pool: PoolDep, queue: QueueDep, settings: SettingsDep
 ) -> BatchResult:
@@ -137,7 +145,7 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {error['msg']}" if where else error["msg"]
 
 
-@router.post("/upload", status_code=202, response_model=BatchResult)
+@router.post("/v1/items/upload", status_code=202, response_model=BatchResult)
 async def upload(
     request: Request, tenant: CurrentTenant, pool: PoolDep, queue: QueueDep,
     settings: SettingsDep,
@@ -148,9 +156,7 @@ async def upload(
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise BadInput("send files as multipart/form-data, one 'file' part per file")
     async with request.form(max_files=settings.max_batch_items) as form:
-        prefix = form.get("prefix") or ""
-        if not isinstance(prefix, str):
-            raise BadInput("prefix must be a text field")
+        prefix = _form_text("prefix", form.get("prefix") or "")
         tags = _form_tags(form.get("tags"))
         files = [f for f in form.getlist("file") if isinstance(f, UploadFile)]
         if not files:
@@ -177,18 +183,36 @@ async def upload(
     return await _put_many(pool, queue, settings, tenant, candidates)
 
 
+_FORM_TEXT = TypeAdapter(SafeStr)
+_FORM_TAGS = TypeAdapter(dict[SafeStr, SafeStr])
+
+
+def _form_text(field: str, raw: Any) -> str:
+    """A form field as text Postgres can store, or a 422 naming the field (the form is read
+    by hand, so FastAPI's validation never sees it)."""
+    if not isinstance(raw, str):
+        raise BadInput(f"{field} must be a text field")
+    try:
+        return _FORM_TEXT.validate_python(raw)
+    except ValidationError as exc:
+        raise BadInput(f"{field}: {exc.errors()[0]['msg']}") from None
+
+
 def _form_tags(raw: Any) -> dict[str, str]:
     if raw is None:
         return {}
     try:
-        tags = json.loads(raw) if isinstance(raw, str) else None
+        tags = json.loads(_form_text("tags", raw))
     except json.JSONDecodeError as exc:
         raise BadInput(f"tags must be a JSON object of strings: {exc}") from None
-    if not isinstance(tags, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in tags.items()
-    ):
-        raise BadInput("tags must be a JSON object of strings")
-    return tags
+    try:
+        return _FORM_TAGS.validate_python(tags)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in ("tags", *error["loc"]))
+        raise BadInput(f"{where}: {error['msg']} (tags must be a JSON object of strings)"
+                       if isinstance(tags, dict)
+                       else "tags must be a JSON object of strings") from None
 
 
 async def _read_limited(upload_file: UploadFile, limit: int) -> bytes | None:
@@ -196,7 +220,7 @@ async def _read_limited(upload_file: UploadFile, limit: int) -> bytes | None:
     return None if len(data) > limit else data
 
 
-@router.post("/lookup", response_model=ItemStates)
+@router.post("/v1/items/lookup", response_model=ItemStates)
 async def lookup(body: ItemLookup, tenant: CurrentTenant, pool: PoolDep) -> ItemStates:
     """Version, content hash and status of up to 1000 items at once: what `memmill ingest`
     asks to skip unchanged files and to follow its items to the end."""
@@ -206,19 +230,22 @@ async def lookup(body: ItemLookup, tenant: CurrentTenant, pool: PoolDep) -> Item
                       missing=[i for i in body.ids if i not in found])
 
 
-@router.get("/{item_id:path}/versions", response_model=list[ItemVersionPublic])
-async def list_versions(item_id: str, tenant: CurrentTenant, pool: PoolDep
+@router.get("/v1/item-versions/{item_id:path}", response_model=list[ItemVersionPublic])
+async def list_versions(item_id: ItemId, tenant: CurrentTenant, pool: PoolDep
                         ) -> list[ItemVersionPublic]:
-    """Every version, newest first; `offset` is what `?version=` and `id@V{N}` take."""
+    """Every version of an item, newest first; `offset` is what `GET /v1/items/{id}?version=`
+    and the CLI's `id@V{N}` take."""
     rows = await versions.list_versions(pool, tenant, item_id)
     return [ItemVersionPublic(**{k: r[k] for k in ItemVersionPublic.model_fields}) for r in rows]
 
 
-@router.get("/{item_id:path}", response_model=ItemPublic)
+@router.get("/v1/items/{item_id:path}", response_model=ItemPublic)
 async def get_item(
-    item_id: str, tenant: CurrentTenant, pool: PoolDep,
-    version: int = Query(0, description="0 is the current version, 1 the previous, ..."),
+    item_id: ItemId, tenant: CurrentTenant, pool: PoolDep,
+    version: int = Query(0, ge=0, le=versions.MAX_OFFSET,
+                         description="0 is the current version, 1 the previous, ..."),
 ) -> ItemPublic:
+    """An item with its jobs, or an older version of it by offset."""
     row = await versions.get_version(pool, tenant, item_id, version)
     if version:
         return _public(row)
@@ -226,9 +253,10 @@ async def get_item(
     return _public(row, [dict(j) for j in job_rows])
 
 
-@router.delete("/{item_id:path}", response_model=ItemDeleted)
+@router.delete("/v1/items/{item_id:path}", response_model=ItemDeleted)
 async def delete_item(
-    item_id: str, tenant: CurrentTenant, pool: PoolDep, queue: QueueDep, settings: SettingsDep,
+    item_id: ItemId, tenant: CurrentTenant, pool: PoolDep, queue: QueueDep,
+    settings: SettingsDep,
     purge: bool = Query(False, description="delete every version, not only the current one"),
 ) -> ItemDeleted:
     """Revert to the previous version where there is one; delete the item otherwise."""
