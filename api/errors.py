@@ -13,12 +13,24 @@ from starlette.exceptions import HTTPException
 from pipeline.errors import MemmillError
 
 
+def _encodable(text: str) -> str:
+    """A response is sent as UTF-8: a lone surrogate echoed from the request (a tag key, an
+    id) is escaped, or answering a bad request would itself fail with a 500."""
+    return text.encode("utf-8", "backslashreplace").decode()
+
+
+def _place(part: object) -> str:
+    text = str(part)
+    return text if text.isprintable() else repr(text)
+
+
 def _readable(error: dict[str, Any]) -> str:
-    where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
+    loc = [p for p in error.get("loc", ()) if p != "body"]
+    where = ".".join(_place(p) for p in loc)
     if error.get("type") == "json_invalid":
         return f"the body is not valid JSON: {error.get('ctx', {}).get('error', 'parse error')}"
     if error.get("type") == "extra_forbidden":
-        return f"unknown field {where!r}"
+        return f"unknown field {'.'.join(str(p) for p in loc)!r}"
     if not where and error.get("type") == "missing":
         return "the body is missing: send a JSON object with Content-Type: application/json"
     if not where and error.get("type") in ("model_attributes_type", "model_type", "dict_type"):
@@ -27,8 +39,18 @@ def _readable(error: dict[str, Any]) -> str:
 
 
 def _domain_response(exc: MemmillError) -> JSONResponse:
+    if exc.status_code == 422:
+        # The same shape as a request validation failure; the rule broken is not one field's.
+        return _validation_problem(exc.message, [{"loc": [], "msg": _encodable(exc.message),
+                                                  "type": "bad_input"}])
     headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
-    return JSONResponse({"detail": exc.message}, status_code=exc.status_code, headers=headers)
+    return JSONResponse({"detail": _encodable(exc.message)}, status_code=exc.status_code,
+                        headers=headers)
+
+
+def _validation_problem(detail: str, errors: list[dict[str, Any]]) -> JSONResponse:
+    """Every 422 has this one shape, `api.schemas.ValidationProblem`, as the document says."""
+    return JSONResponse({"detail": _encodable(detail), "errors": errors}, status_code=422)
 
 
 def install(app: FastAPI) -> None:
@@ -40,20 +62,28 @@ def install(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = list(exc.errors())
         message = "; ".join(_readable(e) for e in errors[:5])
-        return JSONResponse(
-            {"detail": message, "errors": [_plain(e) for e in errors[:20]]}, status_code=422
-        )
+        return _validation_problem(message, [_plain(e) for e in errors[:20]])
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> Response:
-        # FastAPI reports a body that is not UTF-8 as a bare 400 "error parsing the body".
-        if exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):
-            return JSONResponse(
-                {"detail": f"the body is not valid JSON: it is not UTF-8 ({exc.__cause__.reason})"},
-                status_code=422,
-            )
+        # FastAPI and Starlette answer a body they cannot parse (not UTF-8, JSON nested past
+        # the parser's depth, a broken multipart form) with a bare 400 "error parsing the
+        # body": it is bad input like any other, so a 422 of the same shape.
+        if exc.status_code == 400:
+            message = _unparsable(exc)
+            return _validation_problem(message, [{"loc": ["body"], "msg": message,
+                                                  "type": "body_unparsable"}])
         return await http_exception_handler(request, exc)
 
 
+def _unparsable(exc: HTTPException) -> str:
+    if isinstance(exc.__cause__, UnicodeDecodeError):
+        return f"the body is not valid JSON: it is not UTF-8 ({exc.__cause__.reason})"
+    if isinstance(exc.__cause__, RecursionError):
+        return "the body is not valid JSON: it is nested too deeply"
+    return f"the body could not be read: {exc.detail}"
+
+
 def _plain(error: dict[str, Any]) -> dict[str, Any]:
-    return {"loc": list(error.get("loc", ())), "msg": error.get("msg"), "type": error.get("type")}
+    loc = [p if isinstance(p, int) else _encodable(str(p)) for p in error.get("loc", ())]
+    return {"loc": loc, "msg": _encodable(str(error.get("msg"))), "type": error.get("type")}

@@ -1,13 +1,19 @@
 """Request and response models. Requests forbid unknown fields and use strict types, so a
-typo or a number where a string belongs is a 422 rather than a silent coercion."""
+typo or a number where a string belongs is a 422 rather than a silent coercion.
+
+Every string a client sends is a `SafeStr` and every integer that reaches SQL is bounded to
+int64: Postgres refuses a NUL or a lone surrogate in text and asyncpg cannot send an integer
+past int64, and either used to surface as a 500 from deep inside a query."""
 
 from __future__ import annotations
 
-from datetime import datetime
+import re
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     BeforeValidator,
@@ -18,29 +24,96 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from pipeline import search
 from pipeline.search import Fusion, GroupBy, Mode
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
+def _storable(value: str) -> str:
+    # A JSON "\u0000" or "\ud800" escape decodes to a Python string that Postgres cannot
+    # take as text (and a lone surrogate cannot even be encoded to send it): refuse both at
+    # the edge, naming the field, instead of failing inside the query.
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise PydanticCustomError(
+            "string_surrogate",
+            "must be valid Unicode: a lone surrogate (\\ud800-\\udfff) has no UTF-8 form",
+        ) from None
+    if "\x00" in value:
+        raise PydanticCustomError("string_nul", "must not contain the NUL character (\\u0000)")
+    return value
+
+
+SafeStr = Annotated[StrictStr, AfterValidator(_storable)]
+"""Every string a client sends (body fields, tag keys and values, filter values, query and
+path parameters): a string Postgres can store."""
+
+
+def _integral(value: object) -> object:
+    # JSON Schema calls 642.0 an integer, and clients built from the document may send it:
+    # accept a float with no fractional part as that integer; 2.5 is still refused.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def json_int(*, ge: int, le: int) -> Any:
+    """The type of an integer in a JSON body, from `ge` to `le`: strict (no strings, no
+    booleans), but 642.0 is 642. Bounds are required: past int64 asyncpg cannot send an
+    integer to Postgres. (Query and path integers are parsed from text, where "642.0" already
+    reads as 642; they take `INT64_MIN`/`INT64_MAX` where nothing narrower applies.)"""
+    # The bounds go before the validator: after it, pydantic leaves them out of the schema of
+    # an optional field.
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_integral)]
+
+
+def _escaped(value: str | None) -> str | None:
+    # What echoes a client's text back (a refused entry's id) must be valid UTF-8: a lone
+    # surrogate is shown as its \\udXXX escape, where JSON encoders write U+FFFD or fail.
+    return None if value is None else value.encode("utf-8", "backslashreplace").decode()
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _names_are_unicode(cls, data: Any) -> Any:
+        # pydantic cannot compare a field name holding a lone surrogate with its own and
+        # reports only that the object is bad: name the field instead.
+        if isinstance(data, dict):
+            for name in data:
+                if isinstance(name, str) and _escaped(name) != name:
+                    raise PydanticCustomError(
+                        "string_surrogate",
+                        "unknown field {name}: a lone surrogate (\\ud800-\\udfff) is not"
+                        " valid Unicode",
+                        {"name": f"'{_escaped(name)}'"},
+                    )
+        return data
+
 
 class ItemCreate(Strict):
     """Text in `content`, or a URL in `uri` that a job fetches; never both."""
 
-    id: StrictStr
-    content: StrictStr | None = None
-    uri: StrictStr | None = None
-    title: StrictStr | None = None
-    tags: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    id: SafeStr
+    content: SafeStr | None = None
+    uri: SafeStr | None = None
+    title: SafeStr | None = None
+    tags: dict[SafeStr, SafeStr] = Field(default_factory=dict)
 
 
 class ItemBatch(Strict):
     # Entries stay loose here and are validated one by one, so one bad entry is reported by
     # its index instead of refusing the other 999.
-    items: list[Any]
+    items: list[Any] = Field(
+        description="Each entry an item as `POST /v1/items` takes it, validated on its own: a"
+                    " bad entry is refused by its index in the answer, the others are written.")
 
 
 class BatchAccepted(BaseModel):
@@ -53,9 +126,10 @@ class BatchAccepted(BaseModel):
 
 class BatchRefused(BaseModel):
     index: int
-    id: str | None
+    id: Annotated[str | None, AfterValidator(_escaped)] = Field(
+        description="the entry's id as sent, a lone surrogate escaped as \\udXXX")
     status: int
-    error: str
+    error: Annotated[str, AfterValidator(_escaped)]
 
 
 class BatchResult(BaseModel):
@@ -64,7 +138,7 @@ class BatchResult(BaseModel):
 
 
 class ItemLookup(Strict):
-    ids: list[StrictStr] = Field(max_length=1000)
+    ids: list[SafeStr] = Field(max_length=1000)
 
 
 class ItemState(BaseModel):
@@ -165,27 +239,46 @@ class JobPublic(BaseModel):
 MAX_FILTER_VALUES = 1000
 
 
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
 def _iso_text(value: object) -> object:
-    # JSON has no time type: a time is text. A bare number would pass as Unix seconds.
-    if not isinstance(value, str):
-        raise ValueError("must be an ISO 8601 date-time string with a time zone")
+    # JSON has no time type: a time is text. A bare number, or the text of one (as a query
+    # string always is), would pass as Unix seconds where the document promises ISO 8601.
+    if not isinstance(value, str) or not _ISO_DATE.match(value):
+        raise ValueError("must be an ISO 8601 date-time string, such as 2026-01-31T12:00:00Z")
+    return value
+
+
+def _in_utc_range(value: datetime) -> datetime:
+    # The database driver sends a time as UTC: one whose UTC form leaves years 1-9999 (the
+    # first hours of year 1 east of Greenwich) raised OverflowError inside the query.
+    if value.tzinfo is not None:
+        try:
+            value.astimezone(UTC)
+        except OverflowError:
+            raise PydanticCustomError(
+                "datetime_range", "must fall within the years 1 to 9999 in UTC") from None
     return value
 
 
 # Parsed from text even though requests are strict, with a time zone required.
-IsoTime = Annotated[AwareDatetime, BeforeValidator(_iso_text), Field(strict=False)]
+IsoTime = Annotated[AwareDatetime, BeforeValidator(_iso_text), AfterValidator(_in_utc_range),
+                    Field(strict=False)]
+# A query parameter's time: ISO 8601 too; without a time zone it is UTC, as before.
+QueryTime = Annotated[datetime, BeforeValidator(_iso_text), AfterValidator(_in_utc_range)]
 
 
 class SearchFilters(Strict):
     """What a result's item must match. Every field narrows; an unknown field is a 422."""
 
-    tags: dict[StrictStr, StrictStr | list[StrictStr]] = Field(
+    tags: dict[SafeStr, SafeStr | list[SafeStr]] = Field(
         default_factory=dict,
         description='{"key": "value"} for that value, {"key": ["a", "b"]} for any of them;'
         " every key must match; system tags (_media_type, ...) too",
     )
-    kinds: list[StrictStr] | None = Field(default=None, min_length=1, max_length=100)
-    item_ids: list[StrictStr] | None = Field(
+    kinds: list[SafeStr] | None = Field(default=None, min_length=1, max_length=100)
+    item_ids: list[SafeStr] | None = Field(
         default=None, min_length=1, max_length=MAX_FILTER_VALUES)
     created_after: IsoTime | None = None
     created_before: IsoTime | None = None
@@ -218,13 +311,13 @@ class SearchFilters(Strict):
 
 
 class SearchRequest(Strict):
-    query: StrictStr = Field(min_length=1)
+    query: SafeStr = Field(min_length=1)
     mode: Mode = "hybrid"
-    limit: int = Field(default=10, ge=1, le=100)
-    offset: int = Field(default=0, ge=0, le=1000)
+    limit: json_int(ge=1, le=100) = 10
+    offset: json_int(ge=0, le=1000) = 0
     alpha: float | None = Field(
         default=None, ge=0, le=1, description="the vector side's weight in the fusion")
-    k: int | None = Field(default=None, ge=1, le=1000, description="RRF's k")
+    k: json_int(ge=1, le=1000) | None = Field(default=None, description="RRF's k")
     blend: float | None = Field(
         default=None, ge=0, le=1, description="weight of recency and use against relevance")
     fusion: Fusion | None = Field(
@@ -234,14 +327,6 @@ class SearchRequest(Strict):
     filters: SearchFilters = Field(default_factory=SearchFilters)
     track: StrictBool = Field(
         default=True, description="count the results as accessed (the use signal)")
-
-    @field_validator("query")
-    @classmethod
-    def _no_nul(cls, query: str) -> str:
-        # Postgres refuses a NUL in any text parameter; say so instead of failing with a 500.
-        if "\x00" in query:
-            raise ValueError("query must not contain NUL characters")
-        return query
 
     def to_pipeline(self) -> search.SearchParams:
         return search.SearchParams(**self.model_dump(exclude={"filters", "track"}),
@@ -319,14 +404,28 @@ class TextStatsPublic(BaseModel):
 
 
 class JobStats(BaseModel):
-    by_status: dict[str, int]
-    by_kind: dict[str, dict[str, int]]
-    queue_depth: int | None
-    oldest_queued_at: datetime | None
-    oldest_queued_age_s: float | None
-    workers: list[WorkerPublic]
+    """The asking tenant's jobs, and, for an operator's key only, the installation's: every
+    tenant's queue and the workers' hosts. The operator-only fields are null for a tenant's
+    key; the others count the key's own tenant only, whoever asks."""
+
+    by_status: dict[str, int] = Field(description="this tenant's jobs by status")
+    by_kind: dict[str, dict[str, int]] = Field(
+        description="this tenant's jobs by kind, then status")
+    due: int = Field(description="this tenant's queued jobs whose time has come (not backing "
+                                 "off): its share of the work waiting for a worker")
+    oldest_queued_at: datetime | None = Field(
+        description="when this tenant's longest-waiting due job became due")
+    oldest_queued_age_s: float | None = Field(description="how long ago that was")
+    workers_alive: int = Field(description="workers of this queue with a fresh heartbeat, as "
+                                           "`/readyz` counts them")
     embedding_index: EmbeddingIndexPublic
     text_stats: TextStatsPublic
+    queue_depth: int | None = Field(
+        default=None, description="operator keys only: deliveries in the Redis queue, every "
+        "tenant's, deferred retries included; null for a tenant's key or when Redis is down")
+    workers: list[WorkerPublic] | None = Field(
+        default=None, description="operator keys only: the live workers with their host, pid "
+        "and last heartbeat; null for a tenant's key")
 
 
 class AttemptDetail(AttemptPublic):
@@ -354,12 +453,33 @@ class DeadLettersPublic(BaseModel):
 
 
 class ReplayFilter(Strict):
-    kind: StrictStr | None = None
-    item_id: StrictStr | None = None
+    kind: SafeStr | None = None
+    item_id: SafeStr | None = None
     permanent: bool | None = None
-    limit: int = Field(default=1000, ge=1, le=10_000)
+    limit: json_int(ge=1, le=10_000) = 1000
 
 
 class Replayed(BaseModel):
     replayed: int
     jobs: list[UUID]
+
+
+class Problem(BaseModel):
+    """The body of every error but a 422: 401, 404, 409, 413, 503."""
+
+    detail: str = Field(description="what is wrong, in a sentence")
+
+
+class FieldProblem(BaseModel):
+    loc: list[str | int] = Field(
+        description='where: ["body", "filters", "tags", "lang"], ["query", "offset"]; empty'
+                    " when the request as a whole is wrong")
+    msg: str
+    type: str = Field(description="a machine-readable kind: missing, string_nul, ...")
+
+
+class ValidationProblem(BaseModel):
+    """The body of every 422: a readable summary and each problem with its place."""
+
+    detail: str = Field(description="the first problems, each naming its field")
+    errors: list[FieldProblem]

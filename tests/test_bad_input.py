@@ -6,6 +6,8 @@ wrong key is a 401 whatever else is wrong with the request.
 
 The cases are tables, grouped by what they get wrong; each group is one test (a fresh database
 and server per test is what makes a test cost), and a group reports every case that fails.
+Text Postgres cannot store and integers past int64 are thrown at every parameter and JSON body
+field the served OpenAPI document names, so a new route or field is covered without a new case.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import asyncpg
 import httpx
@@ -137,11 +140,11 @@ ITEM_CASES: dict[str, list[Case]] = {
         Case("id empty", body(id=""), 422, ("id", "empty")),
         Case("id whitespace", body(id="   "), 422, ("id", "empty")),
         Case("id too long", body(id="x" * 513), 422, ("id", "512")),
-        Case("id with NUL", body(id="notes/\x00existing"), 422, ("id", "control")),
+        Case("id with NUL", body(id="notes/\x00existing"), 422, ("id", "NUL")),
         Case("id with newline", body(id="notes/\nexisting"), 422, ("id", "control")),
         Case("id with escape", body(id="notes/\x1b[31mexisting"), 422, ("id", "control")),
         Case("id with zero-width space", body(id="notes/\u200bx"), 422, ("id", "control")),
-        Case("id lone surrogate", body(id="notes/\ud800"), 422, ("id", "control")),
+        Case("id lone surrogate", body(id="notes/\ud800"), 422, ("id", "Unicode")),
     ],
     "content": [
         Case("missing content", body(content=...), 422, ("exactly one of content", "uri")),
@@ -177,8 +180,12 @@ ITEM_CASES: dict[str, list[Case]] = {
         Case("tag key too long", body(tags={"k" * 129: "x"}), 422, ("tag key", "128")),
         Case("tag key with newline", body(tags={"a\nb": "x"}), 422, ("tag key",)),
         Case("tag value too long", body(tags={"k": "v" * 1025}), 422, ("tag 'k'", "1024")),
-        Case("tag value with NUL", body(tags={"k": "a\x00"}), 422, ("tag 'k'", "printable")),
-        Case("tag value surrogate", body(tags={"k": "\ud800"}), 422, ("tag 'k'", "printable")),
+        Case("tag value with NUL", body(tags={"k": "a\x00"}), 422, ("tags.k", "NUL")),
+        Case("tag value surrogate", body(tags={"k": "\ud800"}), 422, ("tags.k", "Unicode")),
+        Case("tag key with NUL", body(tags={"a\x00": "v"}), 422, ("tags", "[key]", "NUL")),
+        Case("tag key surrogate", body(tags={"\udfff": "v"}), 422, ("tags", "[key]", "Unicode")),
+        Case("field name surrogate", body(**{"a\ud800": "v"}), 422,
+             ("unknown field 'a\\ud800'",)),
         Case("too many tags", body(tags={f"k{i}": "v" for i in range(65)}), 422, ("64 tags",)),
     ],
     "size": [
@@ -368,12 +375,20 @@ SEARCH_CASES: dict[str, list[Case]] = {
              {"query": "b", "filters": {"item_ids": [str(i) for i in range(1001)]}}, 422,
              ("item_ids", "1000")),
         Case("date not a date", {"query": "b", "filters": {"created_after": "yesterday"}},
-             422, ("created_after", "datetime")),
+             422, ("created_after", "ISO 8601")),
         Case("date without zone",
              {"query": "b", "filters": {"updated_before": "2026-01-01T00:00:00"}}, 422,
              ("updated_before", "timezone")),
         Case("date a number", {"query": "b", "filters": {"created_before": 1700000000}}, 422,
              ("created_before",)),
+        Case("date the text of a number", {"query": "b", "filters": {"created_before": "3295"}},
+             422, ("created_before", "ISO 8601")),
+        Case("date before year 1 in UTC",
+             {"query": "b", "filters": {"updated_after": "0001-01-01T00:01:00+00:07"}}, 422,
+             ("updated_after", "years 1 to 9999")),
+        Case("date after year 9999 in UTC",
+             {"query": "b", "filters": {"created_before": "9999-12-31T23:59:00-01:00"}}, 422,
+             ("created_before", "years 1 to 9999")),
         Case("empty range",
              {"query": "b", "filters": {"created_after": "2026-02-01T00:00:00Z",
                                         "created_before": "2026-01-01T00:00:00Z"}},
@@ -402,7 +417,10 @@ LOOKUP_CASES = [
     Case("unknown job", f"/v1/jobs/{uuid.UUID(int=1)}", 404, ("no job", str(uuid.UUID(int=1)))),
     Case("unknown item", "/v1/items/unknown", 404, ("no item", "'unknown'")),
     Case("below an item", "/v1/items/notes/existing/more", 404, ("no item",)),
-    Case("item id with NUL", "/v1/items/notes%00existing", 404, ("no item",)),
+    Case("item id with NUL", "/v1/items/notes%00existing", 422, ("item_id", "NUL")),
+    Case("jobs after a number", "/v1/jobs?created_after=3295", 422, ("created_after", "ISO")),
+    Case("jobs before year 1 in UTC", "/v1/jobs?created_before=0001-01-01T00:00:00%2B01:00", 422,
+         ("created_before", "years 1 to 9999")),
     Case("item id with escape", "/v1/items/notes%1Bexisting", 404, ("no item",)),
 ]
 
@@ -414,3 +432,325 @@ async def test_bad_lookups(
         return await http.get(case.payload)
 
     await run_cases(LOOKUP_CASES, send, pool, stored)
+
+
+# --- Every parameter and body field of every route, read from the OpenAPI document.
+#
+# Text Postgres cannot store (a NUL; a lone surrogate, which JSON can carry as "\ud800") and
+# integers past int64 (asyncpg cannot send them) each used to end in a 500 deep inside a
+# query. Each must be a 422 naming the field, and write nothing. The probes are made from the
+# document the API serves, so a route or field added later is probed without a new case.
+
+BAD_TEXT = {"NUL": "a\x00b", "a lone surrogate": "a\ud800b"}
+BAD_TEXT_WORDS = {"NUL": "NUL", "a lone surrogate": "Unicode"}
+BAD_INTEGERS = {"past int64": 2**63, "below int64": -(2**63) - 1, "far past int64": 10**30}
+SAMPLE_PATH_VALUES = {"uuid": str(uuid.UUID(int=1)), "integer": "1", "string": "notes%2Fexisting"}
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    method: str
+    url: str
+    field: str  # the detail must name it
+    words: tuple[str, ...] = ()  # and say these (case-insensitive)
+    body: bytes | None = None
+
+
+def resolve(schema: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in schema:
+        schema = doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[-1]]
+    return schema
+
+
+def variants(schema: dict[str, Any], doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The non-null alternatives of a schema (`X | None`, `str | list[str]`), resolved."""
+    schema = resolve(schema, doc)
+    options = schema.get("anyOf") or schema.get("oneOf") or [schema]
+    resolved = [resolve(option, doc) for option in options]
+    return [option for option in resolved if option.get("type") != "null"]
+
+
+def kind(schema: dict[str, Any], doc: dict[str, Any]) -> str | None:
+    types = {option.get("type") for option in variants(schema, doc)}
+    return next((t for t in ("string", "integer") if t in types), None)
+
+
+def sample(schema: dict[str, Any], doc: dict[str, Any]) -> Any:
+    """A small valid value: required properties only, an item per array."""
+    option = variants(schema, doc)[0]
+    if "enum" in option:
+        return option["enum"][0]
+    if option.get("format") == "date-time":
+        return "2026-01-01T00:00:00Z"
+    match option.get("type"):
+        case "object":
+            properties = option.get("properties", {})
+            return {name: sample(properties[name], doc) for name in option.get("required", [])}
+        case "array":
+            return [sample(option.get("items", {}), doc)] if option.get("items") else []
+        case "integer":
+            return option.get("minimum", 1)
+        case "number":
+            return option.get("minimum", 0)
+        case "boolean":
+            return True
+        case _:
+            return "x"
+
+
+Leaf = tuple[tuple[str | int, ...], str, dict[str, Any]]  # where, what ("value", "key"), schema
+
+
+def leaves(schema: dict[str, Any], doc: dict[str, Any], where: tuple[str | int, ...] = (),
+           depth: int = 0) -> list[Leaf]:
+    """Every place in a JSON body where a client puts text or an integer: values, map keys
+    and field names."""
+    found: list[Leaf] = []
+    for option in variants(schema, doc):
+        if option.get("type") in ("string", "integer"):
+            found.append((where, "value", option))
+        elif option.get("type") == "array" and option.get("items") and depth < 6:
+            found += leaves(option["items"], doc, (*where, 0), depth + 1)
+        elif option.get("type") == "object" and depth < 6:
+            for name, field in option.get("properties", {}).items():
+                found += leaves(field, doc, (*where, name), depth + 1)
+            extra = option.get("additionalProperties")
+            if isinstance(extra, dict):
+                found.append((where, "key", extra))
+                found += leaves(extra, doc, (*where, "k"), depth + 1)
+            if extra is False:
+                found.append((where, "field name", option))
+    return found
+
+
+def put(body: Any, where: tuple[str | int, ...], value: Any) -> Any:
+    """`body` with `value` at `where`, making the objects and lists on the way."""
+    if not where:
+        return value
+    head, rest = where[0], where[1:]
+    if isinstance(head, int):
+        container = body if isinstance(body, list) and body else [None]
+        return [put(container[0], rest, value)]
+    container = dict(body) if isinstance(body, dict) else {}
+    container[head] = put(container.get(head), rest, value)
+    return container
+
+
+def named(where: tuple[str | int, ...]) -> str:
+    """How the detail names a place: the dotted path to it, up to a list index."""
+    names = []
+    for part in where:
+        if isinstance(part, int):
+            break
+        names.append(part)
+    return ".".join(names)
+
+
+def parameter_probes(doc: dict[str, Any]) -> list[Probe]:
+    probes = []
+    for path, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            parameters = operation.get("parameters", [])
+            samples = {}
+            for p in parameters:
+                if p["in"] == "path":
+                    option = variants(p["schema"], doc)[0]
+                    samples[p["name"]] = SAMPLE_PATH_VALUES.get(
+                        option.get("format", option["type"]), SAMPLE_PATH_VALUES[option["type"]])
+            for p in parameters:
+                bad: dict[str, Any] = {}
+                words: tuple[str, ...] = ()
+                if kind(p["schema"], doc) == "string":
+                    # A URL cannot carry a lone surrogate: percent-decoding makes it U+FFFD.
+                    bad = {"NUL": BAD_TEXT["NUL"]}
+                    plain = not any({"enum", "format"} & set(v) for v in variants(p["schema"], doc))
+                    words = ("NUL",) if plain else ()
+                elif kind(p["schema"], doc) == "integer":
+                    bad = BAD_INTEGERS
+                for what, value in bad.items():
+                    encoded = quote(str(value), safe="")
+                    if p["in"] == "path":
+                        url = path.format(**{**samples, p["name"]: encoded})
+                    else:
+                        url = f"{path.format(**samples)}?{p['name']}={encoded}"
+                    probes.append(Probe(f"{method.upper()} {path} {p['name']} {what}",
+                                        method.upper(), url, p["name"], words))
+    return probes
+
+
+def body_probes(doc: dict[str, Any]) -> list[Probe]:
+    probes = []
+    for path, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            content = operation.get("requestBody", {}).get("content", {})
+            if "application/json" not in content or "{" in path:
+                continue
+            schema = content["application/json"]["schema"]
+            base = sample(schema, doc)
+            for where, what, leaf in leaves(schema, doc):
+                field = named(where)
+                label = f"{method.upper()} {path} {'.'.join(map(str, where)) or 'body'} {what}"
+                if what == "value" and kind(leaf, doc) == "integer":
+                    for name, number in BAD_INTEGERS.items():
+                        probes.append(Probe(f"{label} {name}", method.upper(), path, field,
+                                            body=json.dumps(put(base, where, number)).encode()))
+                    continue
+                for name, text in BAD_TEXT.items():
+                    if what == "value":
+                        plain = not ({"enum", "format", "pattern"} & set(leaf))
+                        words = (BAD_TEXT_WORDS[name],) if plain else ()
+                        bad = put(base, where, text)
+                    elif what == "key":
+                        words, bad = ("[key]", BAD_TEXT_WORDS[name]), put(
+                            base, where, {text: sample(leaf, doc)})
+                    else:
+                        words = ("unknown field",)
+                        bad = put(put(base, where, sample(leaf, doc)), (*where, text), "x")
+                    probes.append(Probe(f"{label} {name}", method.upper(), path, field, words,
+                                        json.dumps(bad).encode()))
+    return probes
+
+
+async def run_probes(http: httpx.AsyncClient, pool: asyncpg.Pool, probes: list[Probe],
+                     expected_state: dict[str, Any]) -> None:
+    failures = []
+    for probe in probes:
+        r = await http.request(probe.method, probe.url, content=probe.body,
+                               headers={"content-type": "application/json"})
+        problem = detail_problem(r, 422, (probe.field, *probe.words))
+        if problem is None and not isinstance(r.json().get("errors"), list):
+            problem = f"no errors list: {r.text[:300]}"
+        if problem is None and await snapshot(pool) != expected_state:
+            problem = "the database changed"
+        if problem:
+            failures.append(f"{probe.name}: {problem}")
+    assert not failures, f"{len(failures)} of {len(probes)} probes failed:\n" + "\n".join(
+        failures)
+
+
+async def served_document(http: httpx.AsyncClient) -> dict[str, Any]:
+    r = await http.get("/openapi.json")
+    assert r.status_code == 200
+    return r.json()
+
+
+async def test_every_parameter_refuses_text_postgres_cannot_store_and_huge_integers(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, stored: dict[str, Any]
+) -> None:
+    probes = parameter_probes(await served_document(http))
+    names = {(p.url.split("?")[0].split("/")[2], p.field) for p in probes}
+    # The probes reach what the issue found: offsets, dead-letter ids, item ids, item_id filters.
+    assert {("jobs", "offset"), ("dead-letters", "offset"), ("dead-letters", "dead_letter_id"),
+            ("items", "item_id"), ("item-versions", "item_id"), ("jobs", "item_id"),
+            ("dead-letters", "item_id")} <= names
+    await run_probes(http, pool, probes, stored)
+
+
+async def test_every_json_body_field_refuses_nul_surrogates_and_huge_integers(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, stored: dict[str, Any]
+) -> None:
+    probes = body_probes(await served_document(http))
+    fields = {(p.url, p.field) for p in probes}
+    assert {("/v1/search", "filters.tags.k"), ("/v1/search", "filters.tags"),
+            ("/v1/search", "filters.kinds"), ("/v1/search", "filters.item_ids"),
+            ("/v1/search", "offset"), ("/v1/items", "tags.k"), ("/v1/items", "tags"),
+            ("/v1/items/lookup", "ids"), ("/v1/dead-letters/replay", "item_id")} <= fields
+    await run_probes(http, pool, probes, stored)
+
+
+# --- Many items in one request: the bad entry is refused by its index, the others written.
+
+async def test_a_batch_refuses_its_bad_entries_by_index_and_writes_the_rest(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    raw = (b'{"items": [{"id": "good/1", "content": "first"},'
+           b' {"id": "bad\\u0000", "content": "x"},'
+           b' {"id": "bad/2", "content": "a\\ud800"},'
+           b' {"id": "bad/3", "content": "x", "tags": {"\\udfff": "v"}},'
+           b' {"id": "bad/4", "content": "x", "tags": {"k": "v\\u0000"}},'
+           b' {"id": "bad/5", "content": "x", "b\\ud800": 1},'
+           b' {"id": "good/2", "content": "second"}]}')
+    r = await http.post("/v1/items/batch", content=raw,
+                        headers={"content-type": "application/json"})
+    assert r.status_code == 202, r.text
+    answer = r.json()
+    assert [(a["index"], a["id"], a["change"]) for a in answer["accepted"]] == [
+        (0, "good/1", "created"), (6, "good/2", "created")]
+    refused = {e["index"]: (e["id"], e["status"], e["error"]) for e in answer["refused"]}
+    assert refused[1][:2] == ("bad\x00", 422) and refused[1][2].startswith("id: ")
+    assert refused[2][:2] == ("bad/2", 422) and refused[2][2].startswith("content: ")
+    assert refused[3][:2] == ("bad/3", 422) and refused[3][2].startswith("tags.")
+    assert refused[4][:2] == ("bad/4", 422) and refused[4][2].startswith("tags.k: ")
+    assert refused[5][1] == 422 and "'b\\ud800'" in refused[5][2]
+    assert set(refused) == {1, 2, 3, 4, 5}
+    ids = [r["id"] for r in await pool.fetch("SELECT id FROM items ORDER BY id")]
+    assert ids == ["good/1", "good/2"]
+
+
+def multipart(parts: list[tuple[str, bytes | None, bytes]]) -> tuple[bytes, str]:
+    """A multipart body written by hand, so names and values carry raw bytes (NUL, bytes
+    that are not UTF-8) that a client library would escape."""
+    boundary = "memmill-boundary"
+    chunks = []
+    for name, filename, value in parts:
+        disposition = b'form-data; name="' + name.encode() + b'"'
+        if filename is not None:
+            disposition += b'; filename="' + filename + b'"'
+        chunks.append(b"--" + boundary.encode() + b"\r\nContent-Disposition: " + disposition
+                      + b"\r\n\r\n" + value + b"\r\n")
+    body = b"".join(chunks) + b"--" + boundary.encode() + b"--\r\n"
+    return body, f"multipart/form-data; boundary={boundary}"
+
+
+UPLOAD_CASES: dict[str, tuple[list[tuple[str, bytes | None, bytes]], dict[int, str]]] = {
+    # name: (parts, {index of a refused file: a word its error must say}); the others are written
+    "file name with NUL": ([("file", b"good.txt", b"one"), ("file", b"a\x00b.txt", b"two")],
+                           {1: "id"}),
+    # Read as Latin-1, so the surrogate's bytes become C1 control characters.
+    "file name not UTF-8": ([("file", b"caf\xed\xa0\x80.txt", b"one"),
+                             ("file", b"caf\xc3\xa9.txt", b"two")], {0: "id"}),
+}
+
+
+@pytest.mark.parametrize("case", list(UPLOAD_CASES))
+async def test_an_upload_refuses_bad_text_by_file_and_writes_the_rest(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, case: str
+) -> None:
+    parts, refused = UPLOAD_CASES[case]
+    content, content_type = multipart(parts)
+    r = await http.post("/v1/items/upload", content=content,
+                        headers={"content-type": content_type})
+    assert r.status_code == 202, r.text
+    answer = r.json()
+    assert {e["index"] for e in answer["refused"]} == set(refused), answer
+    for entry in answer["refused"]:
+        assert entry["status"] == 422 and refused[entry["index"]] in entry["error"], entry
+    written = {r["id"] for r in await pool.fetch("SELECT id FROM items")}
+    assert written == {a["id"] for a in answer["accepted"]}
+    assert all("\x00" not in i and i.encode() for i in written)
+
+
+FORM_FIELD_CASES: dict[str, tuple[list[tuple[str, bytes | None, bytes]], str]] = {
+    # name: (parts, what the 422's detail must start with); the whole request is refused
+    "prefix with NUL": ([("prefix", None, b"p\x00/"), ("file", b"a.txt", b"one")], "prefix:"),
+    "tag value with NUL": ([("tags", None, b'{"k": "v\\u0000"}'), ("file", b"a.txt", b"one")],
+                           "tags.k:"),
+    "tag key with a lone surrogate": ([("tags", None, b'{"\\ud800": "v"}'),
+                                       ("file", b"a.txt", b"one")], "tags."),
+    "tags not an object": ([("tags", None, b'["k"]'), ("file", b"a.txt", b"one")],
+                           "tags must be a JSON object of strings"),
+}
+
+
+@pytest.mark.parametrize("case", list(FORM_FIELD_CASES))
+async def test_an_upload_with_a_bad_prefix_or_tags_is_a_422_naming_the_field(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, case: str
+) -> None:
+    parts, detail = FORM_FIELD_CASES[case]
+    content, content_type = multipart(parts)
+    r = await http.post("/v1/items/upload", content=content,
+                        headers={"content-type": content_type})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"].startswith(detail), r.json()
+    assert await pool.fetchval("SELECT count(*) FROM items") == 0
