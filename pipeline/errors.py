@@ -64,3 +64,7 @@ class RetryLater(TransientError):
 
 class PermanentError(MemmillError):
     """A failure that retrying cannot fix; the job goes to dead letters at once."""
+
+
+class MissingDependency(PermanentError):
+    """A package this job needs is not installed; every other kind of job still works."""

@@ -1,19 +1,20 @@
 """HTML: the main text only (trafilatura drops navigation, ads, cookie banners, footers),
-with headings kept as Markdown, plus the page title and language."""
+with headings kept as Markdown, plus the page title and language. lxml and trafilatura are
+imported by the first job that reads a page (see `optional`), not when a worker starts."""
 
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-import lxml.etree
-import lxml.html
-import trafilatura
-from trafilatura.metadata import extract_metadata
-
+from pipeline.formats import optional
 from pipeline.formats.guards import corrupt_as_permanent
 from pipeline.formats.model import Extracted
 from pipeline.formats.normalize import clean_tag, clean_tags, join_blocks, normalize_text
 from pipeline.formats.text import decode_text
+
+if TYPE_CHECKING:
+    import lxml.html
 
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([\w.:-]+)""", re.IGNORECASE)
 _MEANS_WINDOWS_1252 = frozenset({"iso-8859-1", "iso8859-1", "latin1", "latin-1", "l1",
@@ -39,6 +40,13 @@ _PRUNE = [
 
 
 def extract_html(data: bytes, media_type: str) -> Extracted:
+    # trafilatura imports lxml_html_clean (through jusText): loaded first, each missing
+    # package is named as itself, not as trafilatura failing to import.
+    optional.load(optional.LXML, "lxml.html")
+    optional.load(optional.HTML_CLEAN)
+    optional.load(optional.HTML)
+    import lxml.html
+
     markup = _decode(data)
     with corrupt_as_permanent("HTML page"):
         tree = lxml.html.document_fromstring(markup)
@@ -68,6 +76,8 @@ def _decode(data: bytes) -> str:
 
 def _main_text(markup: str) -> str:
     """trafilatura's main-text extraction, as Markdown so headings survive."""
+    import trafilatura
+
     extracted = trafilatura.extract(
         markup,
         output_format="markdown",
@@ -86,6 +96,9 @@ def _metadata(markup: str) -> dict[str, str]:
 
     `extensive=False` skips the date heuristics: a "© 2024" footer is not a publication date.
     """
+    import lxml.etree
+    from trafilatura.metadata import extract_metadata
+
     try:
         document = extract_metadata(markup, extensive=False)
     except (ValueError, TypeError, AttributeError, lxml.etree.LxmlError):
@@ -124,6 +137,8 @@ def _visible_text(tree: lxml.html.HtmlElement) -> str:
     """The fallback when trafilatura finds no main text (everything on the page looked like
     boilerplate to it, e.g. text in an <aside> or a comment section): the visible text of
     <body>, one block per paragraph-like element, headings as Markdown. Edits `tree`."""
+    import lxml.etree
+
     body = tree.find("body")
     if body is None:
         body = tree

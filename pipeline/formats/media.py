@@ -1,20 +1,23 @@
 """Images and audio: no text of their own, so metadata makes them findable. Images are
-handed to OCR later (ocr_pages=(0,)); audio gets a one-line description from its tags."""
+handed to OCR later (ocr_pages=(0,)); audio gets a one-line description from its tags.
+Pillow and tinytag are imported by the first job that reads such a file (see `optional`)."""
 
 from __future__ import annotations
 
 import io
 import math
 from datetime import datetime
-from typing import Any
-
-from PIL import Image, UnidentifiedImageError
-from tinytag import TinyTag, UnsupportedFormatError
+from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import PermanentError
+from pipeline.formats import optional
 from pipeline.formats.guards import check_pixels, corrupt_as_permanent, detail
 from pipeline.formats.model import Extracted, ExtractLimits
 from pipeline.formats.normalize import clean_tag, clean_tags
+
+if TYPE_CHECKING:
+    from PIL import Image
+    from tinytag import TinyTag
 
 # Only the decoders for the types we accept: Pillow can open dozens of exotic formats, and
 # each one is attack surface. (The JPEG decoder also opens multi-picture "MPO" camera files.)
@@ -51,6 +54,9 @@ def extract_image(data: bytes, media_type: str, limits: ExtractLimits) -> Extrac
 def _open_image(data: bytes, limits: ExtractLimits) -> Image.Image:
     """Image.open reads the header only. Pillow's own global bomb guard may still fire first
     (above 2 x Image.MAX_IMAGE_PIXELS); that is reported as our limit."""
+    optional.load(optional.IMAGES)
+    from PIL import Image, UnidentifiedImageError
+
     try:
         return Image.open(io.BytesIO(data), formats=_PIL_FORMATS)
     except Image.DecompressionBombError as err:
@@ -169,6 +175,9 @@ def extract_audio(data: bytes, media_type: str) -> Extracted:
 
 
 def _read_audio_tags(data: bytes, media_type: str) -> TinyTag:
+    optional.load(optional.AUDIO)
+    from tinytag import TinyTag, UnsupportedFormatError
+
     with corrupt_as_permanent("audio file"):
         try:
             return TinyTag.get(file_obj=io.BytesIO(data))

@@ -1,6 +1,8 @@
 """DOCX and PPTX: text in reading order with headings, tables and slide notes.
 
 Both are zip containers, so the zip-bomb guard runs on the central directory first.
+python-docx and python-pptx are imported by the first job that reads such a file (see
+`optional`): a worker without them still starts and handles every other type.
 """
 
 from __future__ import annotations
@@ -9,17 +11,16 @@ import io
 import re
 from collections.abc import Iterable, Iterator
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import docx
-import pptx
-from docx.table import Table as DocxTable
-from docx.text.paragraph import Paragraph
-from pptx.enum.shapes import MSO_SHAPE_TYPE
-
+from pipeline.formats import optional
 from pipeline.formats.guards import check_count, check_zip, corrupt_as_permanent
 from pipeline.formats.model import Extracted, ExtractLimits
 from pipeline.formats.normalize import clean_tag, clean_tags, join_blocks
+
+if TYPE_CHECKING:
+    from docx.table import Table as DocxTable
+    from docx.text.paragraph import Paragraph
 
 _HEADING_STYLE = re.compile(r"^heading (\d)$", re.IGNORECASE)
 # PowerPoint stamps this on every new deck; it is never the real title.
@@ -28,6 +29,7 @@ _PLACEHOLDER_TITLES = frozenset({"PowerPoint Presentation"})
 
 def extract_docx(data: bytes, media_type: str, limits: ExtractLimits) -> Extracted:
     check_zip(data, limits, "DOCX file")
+    docx = optional.load(optional.DOCX)
     with corrupt_as_permanent("DOCX file"):
         document = docx.Document(io.BytesIO(data))
         blocks = [_docx_block(item) for item in document.iter_inner_content()]
@@ -43,6 +45,8 @@ def extract_docx(data: bytes, media_type: str, limits: ExtractLimits) -> Extract
 
 
 def _docx_block(item: Paragraph | DocxTable) -> str:
+    from docx.table import Table as DocxTable  # loaded by extract_docx already
+
     if isinstance(item, DocxTable):
         return _table_text(row.cells for row in item.rows)
     return _paragraph_text(item)
@@ -87,6 +91,7 @@ def _first_heading(text: str) -> str | None:
 
 def extract_pptx(data: bytes, media_type: str, limits: ExtractLimits) -> Extracted:
     check_zip(data, limits, "PPTX file")
+    pptx = optional.load(optional.PPTX)
     with corrupt_as_permanent("PPTX file"):
         presentation = pptx.Presentation(io.BytesIO(data))
         slides = list(presentation.slides)
@@ -126,6 +131,8 @@ def _reading_order(shapes: Iterable[Any]) -> list[Any]:
 
 
 def _shape_blocks(shape: Any) -> Iterator[str]:
+    from pptx.enum.shapes import MSO_SHAPE_TYPE  # loaded by extract_pptx already
+
     if shape.shape_type == MSO_SHAPE_TYPE.GROUP:
         for child in _reading_order(shape.shapes):
             yield from _shape_blocks(child)

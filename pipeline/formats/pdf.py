@@ -9,17 +9,18 @@ garbage-collector finalizer calls into PDFium from another thread later.
 from __future__ import annotations
 
 import threading
-
-import pypdfium2 as pdfium
-import pypdfium2.raw as pdfium_c
+from typing import TYPE_CHECKING
 
 from pipeline.errors import PermanentError
+from pipeline.formats import optional
 from pipeline.formats.guards import check_count, corrupt_as_permanent, detail
 from pipeline.formats.model import Extracted, ExtractLimits
 from pipeline.formats.normalize import clean_tags, normalize_text
 
+if TYPE_CHECKING:
+    import pypdfium2 as pdfium
+
 PDFIUM_LOCK = threading.RLock()
-_ENCRYPTED = frozenset({pdfium_c.FPDF_ERR_PASSWORD, pdfium_c.FPDF_ERR_SECURITY})
 _METADATA = {"title": "Title", "author": "Author", "subject": "Subject", "keywords": "Keywords"}
 
 
@@ -50,10 +51,12 @@ def extract_pdf(data: bytes, media_type: str, limits: ExtractLimits) -> Extracte
 
 def open_pdf(data: bytes) -> pdfium.PdfDocument:
     """Open a PDF (holding PDFIUM_LOCK), or say in words why it cannot be read."""
+    pdfium = optional.load(optional.PDF)  # imported by the first PDF job, not at start-up
+    raw = optional.load(optional.PDF, "pypdfium2.raw")
     try:
         return pdfium.PdfDocument(data)
     except pdfium.PdfiumError as err:
-        if err.err_code in _ENCRYPTED:
+        if err.err_code in (raw.FPDF_ERR_PASSWORD, raw.FPDF_ERR_SECURITY):
             raise PermanentError(
                 "the PDF is encrypted with a password; remove the password and upload it again"
             ) from err

@@ -13,8 +13,7 @@ import mimetypes
 import zipfile
 from pathlib import PurePosixPath
 
-import filetype
-
+from pipeline.formats import optional
 from pipeline.formats.model import (
     DOCX,
     HTML,
@@ -92,7 +91,7 @@ def _from_bytes(data: bytes) -> str | None:
         return _office_kind(data)
     if _is_html(data):
         return HTML
-    guess = filetype.guess(data[:8192])
+    guess = optional.load(optional.FILE_TYPES).guess(data[:8192])
     if guess is not None and guess.mime != OCTET:
         return canonical(guess.mime)
     return None

@@ -5,9 +5,8 @@ from __future__ import annotations
 import codecs
 import re
 
-import charset_normalizer
-
 from pipeline.errors import PermanentError
+from pipeline.formats import optional
 from pipeline.formats.model import MARKDOWN, Extracted
 from pipeline.formats.normalize import normalize_text
 
@@ -49,6 +48,7 @@ def _guess_legacy(data: bytes) -> str:
     well: it is by far the most common legacy encoding, and on short Western European texts
     the detector often ranks a Baltic or Central European code page a hair higher
     ("crème" read as "crčme")."""
+    charset_normalizer = optional.load(optional.ENCODINGS)  # UTF-8 text never needs it
     matches = list(charset_normalizer.from_bytes(data))
     if not matches:
         raise PermanentError(

@@ -5,7 +5,10 @@ pip-only and ships its ONNX models inside the wheel: nothing is downloaded at ru
 there is no apt dependency (unlike Tesseract), so `./dev setup` installs everything. PDF pages
 are rendered with pypdfium2, and everything stays in memory: no temporary files.
 
-These functions are synchronous and CPU-bound; callers run them in a worker thread. The model
+These functions are synchronous and CPU-bound; callers run them in a worker thread. The
+engine, Pillow and pypdfium2 are imported by the first OCR job, not when a worker starts: a
+worker without them runs every other job, and its OCR jobs fail at once with a message that
+names the missing package (`pipeline.formats.optional`). The model
 is loaded once per process, lazily, and recognition runs one image at a time: onnxruntime
 already uses every core for one image, and rapidocr keeps per-call state on its detector.
 PDFium is not thread-safe at all, even across documents: every pdfium call here holds
@@ -28,15 +31,17 @@ import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pypdfium2 as pdfium
-from PIL import Image, ImageOps, UnidentifiedImageError
 
 from pipeline.errors import PermanentError
-from pipeline.formats import PDFIUM_LOCK
+from pipeline.formats import PDFIUM_LOCK, optional
 from pipeline.formats.pdf import open_pdf
+
+if TYPE_CHECKING:
+    import pypdfium2 as pdfium
+    from PIL import Image
 
 __all__ = ["OcrLimits", "ocr_image", "ocr_pdf_pages", "warm_up"]
 
@@ -67,12 +72,12 @@ def _get_engine() -> Any:
     if _engine is None:
         with _load_lock:
             if _engine is None:
-                from rapidocr_onnxruntime import RapidOCR  # heavy (cv2, onnxruntime): lazy
-
+                # Heavy (cv2, onnxruntime) and not needed by any other job: lazy.
+                rapidocr = optional.load(optional.OCR)
                 # No 180-degree line classifier: on long upright lines of Latin text it
                 # flips about a third of them, which then read as noise and are dropped.
                 # Upside-down scans are rare; phone photos are turned by their EXIF tag.
-                _engine = RapidOCR(use_cls=False)
+                _engine = rapidocr.RapidOCR(use_cls=False)
     return _engine
 
 
@@ -128,6 +133,9 @@ def ocr_pdf_pages(
 
 def _decode_image(data: bytes, limits: OcrLimits) -> np.ndarray:
     """Check the header, then decode to a BGR array (what rapidocr expects of an array)."""
+    optional.load(optional.IMAGES)
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
     try:
         img = Image.open(io.BytesIO(data))  # reads the header only
     except UnidentifiedImageError:
@@ -169,6 +177,8 @@ def _check_pixels(width: int, height: int, limits: OcrLimits) -> None:
 def _header_size(data: bytes) -> tuple[int, int] | None:
     """The size in an image's header, read with the format plugins directly: Image.open would
     raise Pillow's DecompressionBombError before saying how big the image is."""
+    from PIL import Image  # loaded by _decode_image already
+
     Image.init()
     for fmt in list(Image.ID):
         factory, accept = Image.OPEN[fmt]
@@ -186,6 +196,8 @@ def _header_size(data: bytes) -> tuple[int, int] | None:
 def _to_bgr(img: Image.Image) -> np.ndarray:
     """RGB through Pillow for every mode (1-bit, grayscale, palette, CMYK, alpha over white,
     16-bit and float stretched to 8 bits), then channels reversed for rapidocr."""
+    from PIL import Image  # loaded by _decode_image already
+
     if img.mode in _HIGH_BIT_MODES:
         values = np.nan_to_num(np.asarray(img, dtype=np.float64))
         low, high = float(values.min()), float(values.max())
@@ -208,6 +220,8 @@ def _to_bgr(img: Image.Image) -> np.ndarray:
 
 
 def _render_page(pdf: pdfium.PdfDocument, index: int, limits: OcrLimits) -> np.ndarray:
+    import pypdfium2 as pdfium  # loaded by open_pdf already
+
     try:
         page = pdf[index]
     except pdfium.PdfiumError as exc:
