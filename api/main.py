@@ -5,22 +5,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from arq import create_pool as create_arq_pool
 from arq.connections import RedisSettings
 from fastapi import FastAPI
 
-from api import errors
+from api import docs, errors, openapi
+from api.access_log import AccessLog
 from api.auth import Authenticate
 from api.limits import BodySizeLimit
 from api.routes import dead_letters, health, items, jobs, search
 from pipeline.db import create_pool
 from pipeline.key_cache import KeyCache
 from pipeline.providers.embeddings import QueryCache, get_embedder
+from pipeline.queue_codec import ARQ_CODEC
 from pipeline.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
+
+
+async def _warm_up(warm: Callable[[], Awaitable[object]]) -> None:
+    """Load the query model; a failure is one line, not a traceback: searches then fall back to
+    full text with a warning, and the workers, which need the model, say why they cannot start."""
+    try:
+        await warm()
+    except Exception as exc:  # noqa: BLE001 - any failure leaves the API serving without it
+        log.warning("the embedding model did not load (%s: %s); hybrid and semantic searches "
+                    "fall back to full text", type(exc).__name__, exc)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -47,7 +59,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             generic_plans=True,
         )
         app.state.queue = await create_arq_pool(
-            RedisSettings.from_dsn(settings.redis_url), default_queue_name=settings.queue_name
+            RedisSettings.from_dsn(settings.redis_url), default_queue_name=settings.queue_name,
+            **ARQ_CODEC,  # JSON: what the API enqueues can never be a pickle
         )
         # A query is one text: one model copy serves them, unless the operator chose otherwise.
         # Beside busy workers, one thread answered in 15 ms where two, waiting on each other,
@@ -59,7 +72,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         listening = asyncio.create_task(app.state.key_cache.run())
         # Load the model in the background so the first search does not pay for it.
         warm = getattr(embedder, "warm_up", None)
-        warming = asyncio.create_task(warm()) if warm else None
+        warming = asyncio.create_task(_warm_up(warm)) if warm else None
         try:
             yield
         finally:
@@ -77,13 +90,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
         description="Memory and ingestion backend for AI agents.",
+        docs_url=None,  # FastAPI's pages load from a CDN: `api.docs` serves its own
+        redoc_url=None,
     )
     app.state.settings = settings
     errors.install(app)
     for module in (health, items, jobs, dead_letters, search):
         app.include_router(module.router)
+    openapi.install(app)
+    docs.install(app)
     bulk = {path: settings.max_bulk_request_bytes for path in items.BULK_PATHS}
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes, larger=bulk)
     # Added last, so it runs first: the key is checked before the size, and both before a body.
     app.add_middleware(Authenticate)
+    # Outermost: it also logs the 401s and 413s the middlewares above answer themselves.
+    app.add_middleware(AccessLog)
     return app

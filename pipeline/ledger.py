@@ -47,18 +47,29 @@ async def list_jobs(
     return rows, total
 
 
-async def stats(pool: asyncpg.Pool, tenant_id: int, *, alive_window_s: float) -> dict[str, Any]:
+async def stats(
+    pool: asyncpg.Pool, tenant_id: int, *, alive_window_s: float, queue_name: str,
+    operator: bool,
+) -> dict[str, Any]:
+    """A tenant's own figures, and how many workers serve the queue (what /readyz tells
+    anyone). Only an operator also gets the live workers themselves: their hosts and pids
+    describe the installation, not the tenant."""
     by_status: dict[str, int] = {}
     by_kind: dict[str, dict[str, int]] = {}
     for row in await pool.fetch(Q["jobs.counts"], tenant_id):
         by_status[row["status"]] = by_status.get(row["status"], 0) + row["n"]
         by_kind.setdefault(row["kind"], {})[row["status"]] = row["n"]
-    oldest = await pool.fetchval(Q["jobs.oldest_due"], tenant_id)
-    workers = await pool.fetch(Q["workers.alive"], alive_window_s)
-    return {
-        "by_status": by_status, "by_kind": by_kind, "oldest_queued_at": oldest,
-        "workers": [dict(w) for w in workers],
+    due = await pool.fetchrow(Q["jobs.due"], tenant_id)
+    figures: dict[str, Any] = {
+        "by_status": by_status, "by_kind": by_kind, "due": due["due"],
+        "oldest_queued_at": due["oldest_due"],
+        "workers_alive": await pool.fetchval(Q["workers.alive_count"], alive_window_s,
+                                             queue_name),
     }
+    if operator:
+        workers = await pool.fetch(Q["workers.alive"], alive_window_s)
+        figures["workers"] = [dict(w) for w in workers]
+    return figures
 
 
 # A replay or retry grants the job kind's full budget again (settings.max_attempts_for).
@@ -83,7 +94,7 @@ async def retry_job(
 ) -> JobRef:
     """Run a dead, cancelled or backing-off job now, with a fresh budget of attempts."""
     async with pool.acquire() as conn, conn.transaction():
-        current = await conn.fetchrow(Q["jobs.get"], tenant_id, job_id)
+        current = await conn.fetchrow(Q["jobs.lock"], tenant_id, job_id)
         if current is None:
             raise NotFound(f"no job with id {job_id}")
         ref = await _requeue(conn, tenant_id, job_id, current["kind"], fresh_attempts)
@@ -97,7 +108,8 @@ async def retry_job(
 async def cancel_job(pool: asyncpg.Pool, tenant_id: int, job_id: uuid.UUID) -> asyncpg.Record:
     """Cancel a job that has not started; its dependents and its item say so."""
     async with pool.acquire() as conn, conn.transaction():
-        current = await conn.fetchrow(Q["jobs.get"], tenant_id, job_id)
+        # Locked: the status a refusal quotes is the one the refusal was made on.
+        current = await conn.fetchrow(Q["jobs.lock"], tenant_id, job_id)
         if current is None:
             raise NotFound(f"no job with id {job_id}")
         row = await conn.fetchrow(Q["jobs.cancel"], tenant_id, job_id)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import traceback
 import uuid
 
 import asyncpg
@@ -20,6 +19,7 @@ from pipeline.db import Q
 from pipeline.errors import PermanentError, RetryLater
 from pipeline.jobs import JobRef, RetryPolicy
 from pipeline.tasks import TASKS, Deps, Writer
+from pipeline.tracebacks import format_error, format_traceback, scrub_paths
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,9 @@ async def run_job(job_id: str, kind: str, deps: Deps) -> str:
         Q["jobs.claim"], uuid.UUID(job_id), deps.worker_id, limits.lease_s
     )
     if job is None:
-        log.info("job %s: not claimable (done, running elsewhere or cancelled), skipped", job_id)
+        # Per-job lines are DEBUG: at INFO a busy worker wrote one per job (40k in 40 minutes);
+        # the worker logs a summary of the outcomes once a minute instead.
+        log.debug("job %s: not claimable (done, running elsewhere or cancelled), skipped", job_id)
         return "skipped"
     attempt = job["attempts"]
     task = TASKS.get(job["kind"])
@@ -77,7 +79,7 @@ async def run_job(job_id: str, kind: str, deps: Deps) -> str:
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await beat
-    log.info("job %s %s attempt %d: done", job_id, job["kind"], attempt)
+    log.debug("job %s %s attempt %d: done", job_id, job["kind"], attempt)
     await jobs.enqueue(deps.pool, deps.queue, released, queue_name=deps.settings.queue_name)
     return "done"
 
@@ -100,11 +102,13 @@ async def _fail(
     job: asyncpg.Record, deps: Deps, exc: BaseException, policy: RetryPolicy
 ) -> str:
     attempt = job["attempts"]
-    error = f"{type(exc).__name__}: {exc}"
+    # The tenant reads these: no server path may be in them (see pipeline.tracebacks).
+    error = format_error(exc)
     permanent = isinstance(exc, PermanentError)
     # The row's budget decides, not the worker's settings: a replay grants fresh attempts.
     if permanent or attempt >= job["max_attempts"]:
-        reason = str(exc) if permanent else f"gave up after {attempt} attempts: {error}"
+        reason = (scrub_paths(str(exc)) if permanent
+                  else f"gave up after {attempt} attempts: {error}")
         return await _dead_letter(job, deps, reason, permanent=permanent, exc=exc)
     # A server that said when to come back (Retry-After) is not asked again sooner.
     asked_s = exc.retry_after_s if isinstance(exc, RetryLater) else None
@@ -114,7 +118,8 @@ async def _fail(
             Q["jobs.schedule_retry"], job["id"], deps.worker_id, delay_s, error
         )
         await conn.execute(
-            Q["jobs.finish_attempt_retry"], job["id"], attempt, error, _trace(exc), delay_s
+            Q["jobs.finish_attempt_retry"], job["id"], attempt, error, format_traceback(exc),
+            delay_s,
         )
     if row is None:
         return "lost"
@@ -158,7 +163,7 @@ async def _dead_letter(
             job["attempts"],
             "dead",
             reason,
-            _trace(exc) if exc else None,
+            format_traceback(exc) if exc else None,
         )
         await conn.execute(Q["jobs.cancel_dependents"], job["id"])
         if job["item_id"] is not None:
@@ -169,7 +174,3 @@ async def _dead_letter(
         "job %s %s dead after attempt %d: %s", job["id"], job["kind"], job["attempts"], reason
     )
     return "dead"
-
-
-def _trace(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(exc))[-8000:]

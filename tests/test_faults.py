@@ -28,6 +28,7 @@ from arq.connections import RedisSettings
 
 from pipeline import items, jobs, tenants
 from pipeline.db import create_pool, migrate
+from pipeline.queue_codec import ARQ_CODEC
 from pipeline.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -190,7 +191,7 @@ class Lab:
                 refs += jobs.refs_to_enqueue(result.jobs)
         if not enqueue:
             return
-        queue = await create_arq_pool(RedisSettings.from_dsn(self.settings.redis_url))
+        queue = await create_arq_pool(RedisSettings.from_dsn(self.settings.redis_url), **ARQ_CODEC)
         try:
             assert await jobs.enqueue(self.pool, queue, refs,
                                       queue_name=self.settings.queue_name) == len(refs)

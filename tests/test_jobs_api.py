@@ -1,13 +1,18 @@
 """Retries, dead letters and replay, and the operator's job endpoints, over real HTTP.
 
 A `probe` task, registered for these tests only, fails as the test tells it to: transiently,
-permanently, or not at all."""
+permanently, by crashing inside libraries, or not at all."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
+import sys
 from collections.abc import AsyncIterator
 from itertools import pairwise
+from pathlib import Path
+from uuid import UUID
 
 import asyncpg
 import httpx
@@ -15,21 +20,30 @@ import pytest
 from arq import create_pool
 from arq.connections import RedisSettings
 
-from pipeline import items, jobs
+from pipeline import items, jobs, tenants
+from pipeline.db import Q
 from pipeline.errors import PermanentError, TransientError
 from pipeline.jobs import JobSpec, RetryPolicy
+from pipeline.queue_codec import ARQ_CODEC
 from pipeline.settings import Settings
-from pipeline.tasks import TASKS
+from pipeline.tasks import TASKS, Deps
 from tests.conftest import drain
 
 FAULT: dict[str, str | None] = {"mode": None}
 
 
-async def probe(job: asyncpg.Record, deps: object):  # type: ignore[no-untyped-def]
+async def probe(job: asyncpg.Record, deps: Deps):  # type: ignore[no-untyped-def]
     if FAULT["mode"] == "transient":
         raise TransientError("upstream answered 503")
     if FAULT["mode"] == "permanent":
         raise PermanentError("the PDF is corrupt: no xref table")
+    if FAULT["mode"] == "crash":
+        # A real failure through a library and the standard library, with a server path in its
+        # message: everything a traceback shown to the tenant used to give away.
+        try:
+            await deps.pool.fetchval("SELECT 1 / 0")
+        except asyncpg.DataError:
+            Path(__file__).with_name("no-such-file.txt").read_text()
 
     async def write(conn: asyncpg.Connection) -> None:
         return None
@@ -53,7 +67,7 @@ async def _item_with_probe(pool: asyncpg.Pool, settings: Settings, tenant_id: in
         (probe_row,) = await jobs.create_jobs(
             conn, tenant_id=tenant_id, item_id=item_id, version=1, specs=[JobSpec("probe")],
             max_attempts=settings.max_attempts_for)
-    queue = await create_pool(RedisSettings.from_dsn(settings.redis_url))
+    queue = await create_pool(RedisSettings.from_dsn(settings.redis_url), **ARQ_CODEC)
     try:
         await jobs.enqueue(pool, queue, jobs.refs_to_enqueue([*result.jobs, probe_row]),
                            queue_name=settings.queue_name)
@@ -172,6 +186,93 @@ async def test_cancel_and_retry(
     assert (await http.get("/v1/jobs", params={"status": "bogus"})).status_code == 422
 
 
+@pytest.mark.parametrize("action", ["cancel", "retry"])
+async def test_a_refusal_quotes_the_status_it_was_refused_on(
+    action: str, http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    r = await http.post("/v1/items", json={"id": "racing", "content": "Claimed meanwhile."})
+    job_id = next(j["id"] for j in r.json()["jobs"] if j["kind"] == "analyze")
+    async with pool.acquire() as worker, worker.transaction():
+        # A worker claims the queued job; the request arrives before the claim commits.
+        claimed = await worker.fetchrow(Q["jobs.claim"], UUID(job_id), "host:1:abcdef", 60)
+        assert claimed["status"] == "running"
+        request = asyncio.create_task(http.post(f"/v1/jobs/{job_id}/{action}"))
+        await _until_a_backend_waits_on_a_lock(pool)
+    refused = await request
+    assert refused.status_code == 409
+    # Not "is queued": the status read before the claim, which the change was refused against.
+    assert f"job {job_id} is running;" in refused.json()["detail"]
+
+
+async def _until_a_backend_waits_on_a_lock(pool: asyncpg.Pool) -> None:
+    for _ in range(200):
+        if await pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the request never waited on the job's row")
+
+
+REPO = Path(__file__).resolve().parent.parent
+# An absolute path under a directory that servers keep code, data or users in.
+SERVER_PATH = re.compile(r"(?<![\w.:/<>…-])/(?:work|root|home|usr|opt|tmp|var|srv|app)/")
+
+
+def _assert_no_server_path(text: str) -> None:
+    for prefix in {str(REPO), sys.prefix, sys.base_prefix}:
+        assert prefix not in text, text
+    assert not SERVER_PATH.search(text), text
+    assert "site-packages" not in text and "dist-packages" not in text, text
+
+
+async def test_dead_letters_show_no_server_path_nor_host(
+    http: httpx.AsyncClient, settings: Settings, pool: asyncpg.Pool, tenant: tuple[int, str],
+    api_url: str,
+) -> None:
+    FAULT["mode"] = "crash"
+    job_id = await _item_with_probe(pool, settings, tenant[0], "crashing")
+    await drain(settings, pool)
+    (letter,) = (await http.get("/v1/dead-letters")).json()["data"]
+    detail = (await http.get(f"/v1/dead-letters/{letter['id']}")).json()
+    job = (await http.get(f"/v1/jobs/{job_id}")).json()
+    item = (await http.get("/v1/items/crashing")).json()
+    assert len(detail["history"]) == settings.max_attempts
+
+    shown = [detail["reason"], detail["last_error"], job["last_error"], item["error"],
+             *(h["error"] for h in detail["history"] + job["history"]),
+             *(h["traceback"] for h in detail["history"])]
+    for text in shown:
+        _assert_no_server_path(text)
+    # The stored rows hold no path either: they were scrubbed when written.
+    stored = await pool.fetch(
+        "SELECT a.error, a.traceback, a.worker_id, j.last_error, d.reason FROM job_attempts a"
+        " JOIN jobs j ON j.id = a.job_id JOIN dead_letters d ON d.job_id = j.id"
+        " WHERE a.job_id = $1 ORDER BY a.attempt", UUID(job_id))
+    for row in stored:
+        for text in (row["error"], row["traceback"], row["last_error"], row["reason"]):
+            _assert_no_server_path(text)
+    # What a traceback is for is still there: which of our files, which library, which line.
+    trace = detail["history"][-1]["traceback"]
+    assert 'File "tests/test_jobs_api.py", line' in trace and "in probe" in trace
+    assert 'File "pipeline/runner.py", line' in trace
+    assert 'File "<lib>/asyncpg/' in trace and 'File "<python>/pathlib.py"' in trace
+    assert "DivisionByZeroError" in trace
+    assert "FileNotFoundError" in detail["last_error"]
+    assert "tests/no-such-file.txt" in detail["last_error"]
+
+    # A tenant tells attempts' workers apart, without their host and pid; an operator sees them.
+    worker_ids = [r["worker_id"] for r in stored]
+    assert [h["worker_id"] for h in detail["history"]] == [
+        f"worker-{w.rsplit(':', 1)[1]}" for w in worker_ids]
+    operator_key = tenants.new_key()
+    await tenants.add_key(pool, tenant[0], operator_key, name="ops", operator=True)
+    async with httpx.AsyncClient(base_url=api_url,
+                                 headers={"Authorization": f"Bearer {operator_key}"}) as op:
+        seen = (await op.get(f"/v1/dead-letters/{letter['id']}")).json()
+    assert [h["worker_id"] for h in seen["history"]] == worker_ids
+
+
 def _seconds(timestamp: str) -> float:
     from datetime import datetime
 
@@ -202,7 +303,10 @@ async def test_operator_cli(
     dead_id = await pool.fetchval("SELECT id FROM dead_letters WHERE job_id = $1", job_id)
     code, out = await _cli(api_url, tenant[1], "jobs", "list", "--status", "dead")
     assert code == 0 and job_id in out and "1 of 1" in out
-    code, out = await _cli(api_url, tenant[1], "jobs", "stats")
+    # The queue's depth is the installation's: an operator's key sees it.
+    operator_key = tenants.new_key()
+    await tenants.add_key(pool, tenant[0], operator_key, name="ops", operator=True)
+    code, out = await _cli(api_url, operator_key, "jobs", "stats")
     assert code == 0 and "probe" in out and "queue depth: 0" in out
     FAULT["mode"] = None
     code, out = await _cli(api_url, tenant[1], "dead-letters", "replay", str(dead_id))

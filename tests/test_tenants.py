@@ -3,6 +3,7 @@ embeddings are invisible to another, and the same item id means two separate ite
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -10,7 +11,8 @@ import asyncpg
 import httpx
 import pytest
 
-from pipeline import reindex
+from pipeline import reindex, tenants
+from pipeline.db import Q
 from pipeline.settings import Settings
 from tests.conftest import drain
 
@@ -191,3 +193,47 @@ async def test_the_same_content_is_embedded_separately_per_tenant(
             "WHERE p.tenant_id = $1",
             t,
         ) == len(part_hashes[t])
+
+
+async def test_job_stats_show_a_tenant_its_own_numbers_and_an_operator_the_rest(
+    api_url: str,
+    settings: Settings,
+    pool: asyncpg.Pool,
+    tenant: tuple[int, str],
+    other_tenant: tuple[int, str],
+) -> None:
+    operator_key = tenants.new_key()
+    await tenants.add_key(pool, tenant[0], operator_key, name="ops", operator=True)
+    # A live worker, written as its heartbeat writes it.
+    await pool.execute(Q["workers.heartbeat"], "stats-host:4242:abcdef", "stats-host", 4242,
+                       settings.queue_name)
+    async with client(api_url, tenant[1]) as a, client(api_url, other_tenant[1]) as b, \
+            client(api_url, operator_key) as op:
+        await put(a, "mine", A_TEXT)
+        for n in range(2):
+            await put(b, f"theirs/{n}", f"{B_TEXT} Day {n}.")
+        mine, theirs, ops = [(await http.get("/v1/jobs/stats")).json() for http in (a, b, op)]
+        schema = (await a.get("/openapi.json")).json()["components"]["schemas"]["JobStats"]
+
+    # Each tenant counts its own jobs only: analyze and summarize due, embed waiting on analyze.
+    assert mine["by_status"] == {"queued": 2, "waiting": 1}
+    assert mine["by_kind"] == {"analyze": {"queued": 1}, "summarize": {"queued": 1},
+                               "embed": {"waiting": 1}}
+    assert (mine["due"], theirs["due"]) == (2, 4)
+    assert theirs["by_status"] == {"queued": 4, "waiting": 2}
+    assert mine["oldest_queued_age_s"] is not None and mine["workers_alive"] == 1
+    # Nothing about the installation: no workers, hosts or pids, no depth of the whole queue.
+    for figures in (mine, theirs):
+        assert figures["queue_depth"] is None and figures["workers"] is None
+        assert "stats-host" not in json.dumps(figures)
+
+    # An operator's key sees its own tenant's numbers, and the rest.
+    assert {k: ops[k] for k in ("by_status", "by_kind", "due")} == \
+        {k: mine[k] for k in ("by_status", "by_kind", "due")}
+    assert ops["queue_depth"] == 6  # every tenant's deliveries: 2 of A's, 4 of B's
+    assert [(w["id"], w["hostname"], w["pid"]) for w in ops["workers"]] == [
+        ("stats-host:4242:abcdef", "stats-host", 4242)]
+    assert ops["workers"][0]["last_seen_at"]
+    # The document says which fields only an operator gets.
+    for field in ("queue_depth", "workers"):
+        assert "operator keys only" in schema["properties"][field]["description"]

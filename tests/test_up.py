@@ -231,12 +231,14 @@ def test_up_stops_once_and_plainly_when_a_worker_cannot_import(
     tmp_path: Path, base_env: dict[str, str], db_url: str, redis_url: str
 ) -> None:
     """What a fresh install without lxml_html_clean did: every worker died at import and the
-    supervisor printed the same traceback until it gave up. Now: one retry, then exit 1 with
-    the error's last line and the install command, and nothing left running."""
-    shim = tmp_path / "shim" / "trafilatura"
+    supervisor printed the same traceback until it gave up. (HTML extraction's packages are
+    now imported by the jobs that need them; a worker still cannot start without the package
+    of the embedding model it loads before taking jobs.) Now: one retry, then exit 1 with the
+    error's last line and the install command, and nothing left running."""
+    shim = tmp_path / "shim" / "sentence_transformers"
     shim.mkdir(parents=True)
     (shim / "__init__.py").write_text(
-        'raise ImportError("lxml.html.clean module is now a separate project lxml_html_clean")\n')
+        'raise ImportError("sentence_transformers is missing from this environment")\n')
     data_dir = tmp_path / "data"
     env = {**base_env, "MEMMILL_DATABASE_URL": db_url, "MEMMILL_REDIS_URL": redis_url,
            "MEMMILL_DATA_DIR": str(data_dir), "MEMMILL_QUEUE_NAME": f"memmill:up:{os.getpid()}",
@@ -250,8 +252,8 @@ def test_up_stops_once_and_plainly_when_a_worker_cannot_import(
     output, _ = up.process.communicate(timeout=60)
     assert up.process.returncode == 1, output
     assert "the worker-1 process cannot start" in output
-    assert ("last line: ImportError: lxml.html.clean module is now a separate project "
-            "lxml_html_clean") in output
+    assert "last line: ImportError: sentence_transformers is missing from this environment" \
+        in output
     assert "./dev setup" in output
     # Its traceback twice at most: the first start and the one retry, never a loop.
     assert output.count("Traceback (most recent call last)") <= 2, output

@@ -8,11 +8,15 @@ import logging
 import os
 import signal
 import socket
+import time
 import uuid
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
 from arq.connections import ArqRedis, RedisSettings
+from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
 from arq.worker import Function, Worker, func
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -22,9 +26,10 @@ from pipeline import jobs, reindex
 from pipeline.db import Q, create_pool
 from pipeline.jobs import JobRef
 from pipeline.providers.embeddings import get_embedder
+from pipeline.queue_codec import ARQ_CODEC
 from pipeline.runner import run_job
 from pipeline.settings import Settings
-from pipeline.sweeper import sweep_forever
+from pipeline.sweeper import Forget, dead_deliveries, forget_quietly, sweep_forever
 from pipeline.tasks import TASKS, Deps
 
 log = logging.getLogger(__name__)
@@ -96,9 +101,59 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
+class Tally:
+    """What this worker's deliveries came to since its last summary line. arq and the runner
+    log each job at DEBUG only (at INFO a busy worker wrote a line per job, 40k in 40
+    minutes); this one line a minute says what the worker did."""
+
+    def __init__(self) -> None:
+        self.outcomes: Counter[str] = Counter()
+        self.since = time.monotonic()
+
+    def add(self, outcome: str) -> None:
+        self.outcomes[outcome] += 1
+
+    def flush(self, worker_id: str) -> None:
+        """Log the summary and start counting again; nothing when there was no work."""
+        counts, self.outcomes = self.outcomes, Counter()
+        elapsed_s, self.since = time.monotonic() - self.since, time.monotonic()
+        if not counts:
+            return
+        text = (f"{counts.pop('done', 0)} done, {counts.pop('retry', 0)} retried, "
+                f"{counts.pop('dead', 0)} dead")
+        # skipped (a duplicate delivery) and lost (a lease taken over) only when they happened.
+        text += "".join(f", {n} {outcome}" for outcome, n in sorted(counts.items()))
+        log.info("worker %s: %s in the last %.0f s", worker_id, text, elapsed_s)
+
+
+SUMMARY_INTERVAL_S = 60.0
+
+
+async def _summarize_forever(ctx: dict[str, Any]) -> None:
+    while True:
+        await asyncio.sleep(SUMMARY_INTERVAL_S)
+        ctx["tally"].flush(ctx["worker_id"])
+
+
+def forgetter(redis: ArqRedis, queue_name: str) -> Forget:
+    """How the sweeper and a shutdown remove a dead delivery (see `pipeline.sweeper.Forget`):
+    its queue entry and the keys arq itself deletes when it gives a job up."""
+
+    async def forget(queue_job_ids: Sequence[str]) -> None:
+        prefixes = (job_key_prefix, in_progress_key_prefix, retry_key_prefix)
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.zrem(queue_name, *queue_job_ids)
+            pipe.delete(*(prefix + job_id for job_id in queue_job_ids for prefix in prefixes))
+            await pipe.execute()
+
+    return forget
+
+
 def _job_function(kind: str, timeout_s: float) -> Function:
     async def job(ctx: dict[str, Any], job_id: str) -> str:
-        return await run_job(job_id, kind, ctx["deps"])
+        outcome = await run_job(job_id, kind, ctx["deps"])
+        ctx["tally"].add(outcome)
+        return outcome
 
     job.__name__ = job.__qualname__ = kind
     # Retries are decided by our ledger, never by arq: one arq try per enqueued attempt.
@@ -132,11 +187,12 @@ async def startup(ctx: dict[str, Any]) -> None:
         await get_embedder(settings).warm_up()
     # A new embedding model re-embeds the index in the background (a no-op when it matches).
     await reindex.start(pool, ctx["redis"], settings)
-    ctx["background"] = [asyncio.create_task(_heartbeat_forever(ctx["deps"]))]
+    ctx["forget"] = forgetter(ctx["redis"], settings.queue_name)
+    ctx["background"] = [asyncio.create_task(_heartbeat_forever(ctx["deps"])),
+                         asyncio.create_task(_summarize_forever(ctx))]
     if ctx.get("sweep", True):
-        ctx["background"].append(
-            asyncio.create_task(sweep_forever(pool, ctx["redis"], settings))
-        )
+        ctx["background"].append(asyncio.create_task(
+            sweep_forever(pool, ctx["redis"], settings, forget=ctx["forget"])))
     log.info("worker %s started on queue %s", ctx["worker_id"], settings.queue_name)
 
 
@@ -153,8 +209,12 @@ async def _heartbeat_forever(deps: Deps) -> None:
         await asyncio.sleep(deps.settings.worker_heartbeat_s)
 
 
-async def _release_leases(deps: Deps) -> None:
-    """Jobs still running when the grace period ended were cancelled: hand them back now."""
+async def _release_leases(deps: Deps, forget: Forget | None) -> None:
+    """Jobs still running when the grace period ended were cancelled: hand them back now.
+
+    arq keeps a cancelled job's delivery in the queue, to run it again; run again, it is over
+    its one try and arq logs "max retries exceeded". The new attempt is enqueued below, so the
+    old delivery is removed (see `pipeline.sweeper.Forget`)."""
     async with deps.pool.acquire() as conn, conn.transaction():
         released = await conn.fetch(Q["workers.release_leases"], deps.worker_id)
         if released:
@@ -162,6 +222,7 @@ async def _release_leases(deps: Deps) -> None:
         await conn.execute(Q["workers.stopped"], deps.worker_id)
     if released:
         log.warning("handed %d unfinished jobs back to the queue", len(released))
+        await forget_quietly(forget, dead_deliveries(released))
         refs = [JobRef(r["id"], r["kind"], r["attempts"]) for r in released]
         await jobs.enqueue(deps.pool, deps.queue, refs, queue_name=deps.settings.queue_name)
 
@@ -171,10 +232,12 @@ async def shutdown(ctx: dict[str, Any]) -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+    if "tally" in ctx:
+        ctx["tally"].flush(ctx["worker_id"])
     deps: Deps | None = ctx.pop("deps", None)
     if deps is not None:
         try:
-            await _release_leases(deps)
+            await _release_leases(deps, ctx.get("forget"))
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             log.warning("could not release leases at shutdown (they expire anyway): %s", exc)
         await deps.pool.close()
@@ -193,6 +256,9 @@ def build_worker(
     benchmark, whose no-op jobs need no model, passes `warm_up=False`."""
     if redis_pool is None and settings.redis_url is None:
         raise RuntimeError("MEMMILL_REDIS_URL is not set (memmill up sets it for its workers)")
+    # The sweeper enqueues through this pool: a pickling one would feed jobs this worker refuses.
+    if redis_pool is not None and redis_pool.job_serializer is not ARQ_CODEC["job_serializer"]:
+        raise ValueError("redis_pool must be created with pipeline.queue_codec.ARQ_CODEC")
     return ResilientWorker(
         functions=[_job_function(kind, settings.job_limits(kind).timeout_s) for kind in TASKS],
         queue_name=settings.queue_name,
@@ -208,8 +274,10 @@ def build_worker(
         keep_result=0,
         max_tries=1,
         job_completion_wait=settings.shutdown_grace_s,
+        # JSON, never pickle: a job read from Redis must not be able to run code here.
+        **ARQ_CODEC,
         ctx={"settings": settings, "worker_id": new_worker_id(), "sweep": sweep,
-             "warm_up": warm_up},
+             "warm_up": warm_up, "tally": Tally()},
     )
 
 

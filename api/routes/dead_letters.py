@@ -2,19 +2,35 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 
-from api.deps import CurrentTenant, PoolDep, QueueDep, SettingsDep
-from api.routes.jobs import Kind
-from api.schemas import AttemptDetail, DeadLetterPublic, DeadLettersPublic, Replayed, ReplayFilter
+from api.deps import CurrentPrincipal, CurrentTenant, PoolDep, QueueDep, SettingsDep
+from api.routes.jobs import Kind, attempt_fields
+from api.schemas import (
+    INT64_MAX,
+    INT64_MIN,
+    AttemptDetail,
+    DeadLetterPublic,
+    DeadLettersPublic,
+    Replayed,
+    ReplayFilter,
+    SafeStr,
+)
 from pipeline import jobs, ledger
+from pipeline.tracebacks import scrub_paths
 
 router = APIRouter(prefix="/v1/dead-letters", tags=["dead letters"])
+DeadLetterId = Annotated[int, Path(ge=INT64_MIN, le=INT64_MAX)]
 
 
 def _public(row, history=()) -> DeadLetterPublic:  # type: ignore[no-untyped-def]
+    """A dead letter for the API; `history` holds its attempts as `attempt_fields` made them.
+    The reason and last error are scrubbed of server paths again, as the attempts are."""
     fields = {k: row[k] for k in DeadLetterPublic.model_fields if k != "history"}
-    return DeadLetterPublic(**fields, history=[AttemptDetail(**dict(h)) for h in history])
+    for name in ("reason", "last_error"):
+        if fields[name]:
+            fields[name] = scrub_paths(fields[name])
+    return DeadLetterPublic(**fields, history=[AttemptDetail(**h) for h in history])
 
 
 @router.get("", response_model=DeadLettersPublic)
@@ -22,11 +38,11 @@ async def list_dead_letters(
     tenant: CurrentTenant,
     pool: PoolDep,
     kind: Kind | None = None,
-    item_id: str | None = None,
+    item_id: SafeStr | None = None,
     replayed: bool | None = None,
     permanent: bool | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
 ) -> DeadLettersPublic:
     """Jobs that failed for good, newest first."""
     flt = ledger.DeadLetterFilter(kind, item_id, replayed, permanent)
@@ -35,11 +51,12 @@ async def list_dead_letters(
 
 
 @router.get("/{dead_letter_id}", response_model=DeadLetterPublic)
-async def get_dead_letter(dead_letter_id: int, tenant: CurrentTenant, pool: PoolDep
-                          ) -> DeadLetterPublic:
-    """One dead letter with every attempt's error and traceback."""
-    row, history = await ledger.get_dead_letter(pool, tenant, dead_letter_id)
-    return _public(row, history)
+async def get_dead_letter(dead_letter_id: DeadLetterId, principal: CurrentPrincipal,
+                          pool: PoolDep) -> DeadLetterPublic:
+    """One dead letter with every attempt's error and traceback (file paths relative to the
+    source tree, `<lib>/` and `<python>/`; never the server's)."""
+    row, history = await ledger.get_dead_letter(pool, principal.tenant_id, dead_letter_id)
+    return _public(row, [attempt_fields(h, principal) for h in history])
 
 
 @router.post("/replay", response_model=Replayed)
@@ -57,7 +74,7 @@ async def replay_matching(
 
 @router.post("/{dead_letter_id}/replay", response_model=Replayed)
 async def replay_one(
-    dead_letter_id: int, tenant: CurrentTenant, pool: PoolDep, queue: QueueDep,
+    dead_letter_id: DeadLetterId, tenant: CurrentTenant, pool: PoolDep, queue: QueueDep,
     settings: SettingsDep,
 ) -> Replayed:
     """Put one dead-lettered job back through the normal path with fresh attempts."""

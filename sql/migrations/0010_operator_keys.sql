@@ -1,5 +1,5 @@
--- Operators see across tenants: the workers' hosts and pids, the whole queue's depth, full
--- tracebacks. A tenant's key sees its own numbers only. The key memmill itself registers for
+-- Operators see across tenants: the workers' hosts and pids, the whole queue's depth. A
+-- tenant's key sees its own numbers only. The key memmill itself registers for
 -- the default tenant (`memmill up`, `memmill migrate`: named 'bootstrap') is the operator's.
 ALTER TABLE api_keys ADD COLUMN operator boolean NOT NULL DEFAULT false;
 

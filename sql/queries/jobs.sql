@@ -11,6 +11,12 @@ SELECT * FROM jobs WHERE tenant_id = $1 AND id = $2;
 -- name: get_any
 SELECT * FROM jobs WHERE id = $1;
 
+-- The job, locked until the transaction ends. A retry or cancel reads the status it decides on,
+-- and quotes when it refuses, from this row: no worker can change it in between (reading it
+-- unlocked, a cancel could say "job is queued; only queued jobs can be cancelled").
+-- name: lock
+SELECT * FROM jobs WHERE tenant_id = $1 AND id = $2 FOR UPDATE;
+
 -- name: attempts
 SELECT attempt, worker_id, started_at, finished_at, outcome, error, retry_delay_s
 FROM job_attempts WHERE tenant_id = $1 AND job_id = $2 ORDER BY attempt;
@@ -147,8 +153,9 @@ WHERE tenant_id = $1
 -- name: counts
 SELECT status, kind, count(*) AS n FROM jobs WHERE tenant_id = $1 GROUP BY status, kind;
 
--- name: oldest_due
-SELECT min(run_after) FROM jobs
+-- A tenant's share of the waiting work: its queued jobs that are due, and since when.
+-- name: due
+SELECT count(*) AS due, min(run_after) AS oldest_due FROM jobs
 WHERE tenant_id = $1 AND status = 'queued' AND run_after <= now();
 
 -- A retry or replay gives the job a fresh budget of attempts; the history of earlier attempts
