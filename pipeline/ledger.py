@@ -108,6 +108,12 @@ async def retry_job(
 async def cancel_job(pool: asyncpg.Pool, tenant_id: int, job_id: uuid.UUID) -> asyncpg.Record:
     """Cancel a job that has not started; its dependents and its item say so."""
     async with pool.acquire() as conn, conn.transaction():
+        # The item's row before the job's, in the order a completing job takes them (see
+        # pipeline/runner.py): the other order deadlocked with the completion of the job a
+        # waiting one depends on. A job's item never changes, so it is read unlocked first.
+        item_id = await conn.fetchval(Q["jobs.item_of"], tenant_id, job_id)
+        if item_id is not None:
+            await conn.execute(Q["items.lock_for_completion"], tenant_id, item_id)
         # Locked: the status a refusal quotes is the one the refusal was made on.
         current = await conn.fetchrow(Q["jobs.lock"], tenant_id, job_id)
         if current is None:

@@ -316,3 +316,28 @@ async def test_operator_cli(
     await drain(settings, pool)
     code, out = await _cli(api_url, tenant[1], "jobs", "show", job_id)
     assert code == 0 and json.loads(out)["status"] == "done"
+
+
+async def test_cancelling_a_waiting_job_never_deadlocks_with_a_completion(
+    pool: asyncpg.Pool, tenant: tuple[int, str], settings: Settings
+) -> None:
+    """A completion locks the item's row, then the job's; cancel takes them in the same order.
+    In the other order, cancelling the embed job while analyze completed deadlocked, and
+    Postgres aborted one of the two."""
+    from pipeline import ledger
+
+    tenant_id, _ = tenant
+    async with pool.acquire() as conn, conn.transaction():
+        result = await items.put_item(
+            conn, tenant_id=tenant_id, settings=settings,
+            item=items.NewItem(id="locks/a", content="Lock order matters to deadlocks."))
+    waiting = next(j for j in result.jobs if j["status"] == jobs.WAITING)
+    async with pool.acquire() as completion, completion.transaction():
+        await completion.execute(Q["items.lock_for_completion"], tenant_id, "locks/a")
+        cancelling = asyncio.create_task(ledger.cancel_job(pool, tenant_id, waiting["id"]))
+        await asyncio.sleep(0.3)  # the cancel is waiting for the item's row by now
+        assert not cancelling.done()
+        # The completion goes on to the job's row: free, because cancel holds nothing yet.
+        await asyncio.wait_for(completion.execute(Q["jobs.lock"], tenant_id, waiting["id"]), 5)
+    row = await asyncio.wait_for(cancelling, 10)
+    assert row["status"] == jobs.CANCELLED

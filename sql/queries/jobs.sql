@@ -14,6 +14,9 @@ SELECT * FROM jobs WHERE id = $1;
 -- The job, locked until the transaction ends. A retry or cancel reads the status it decides on,
 -- and quotes when it refuses, from this row: no worker can change it in between (reading it
 -- unlocked, a cancel could say "job is queued; only queued jobs can be cancelled").
+-- name: item_of
+SELECT item_id FROM jobs WHERE tenant_id = $1 AND id = $2;
+
 -- name: lock
 SELECT * FROM jobs WHERE tenant_id = $1 AND id = $2 FOR UPDATE;
 
