@@ -482,7 +482,8 @@ async def test_401_is_permanent_at_once_and_names_the_key_setting(
     assert len(fake.requests) == 1
     message = str(caught.value)
     assert "401 Unauthorized" in message and "MEMMILL_EMBEDDING_API_KEY" in message
-    assert f"{fake.url}/v1/embeddings" in message
+    # The tenant whose job failed reads this: it names the setting, never the host.
+    assert "MEMMILL_EMBEDDING_BASE_URL" in message and "127.0.0.1" not in message
 
 
 async def test_anthropic_without_a_key_is_permanent(fake: FakeProviders, made: list[Any]) -> None:

@@ -187,7 +187,11 @@ class ProviderClient:
 
     async def post_json(self, path_or_url: str, body: dict, headers: dict) -> dict:
         url = self.url(path_or_url)
-        where = f"{self.label} at {_display_url(url)}"
+        # Errors reach the tenant whose job failed (its attempts, its dead letters), so they
+        # name the provider and its setting, never the host, which is the operator's business;
+        # the retry lines of the worker's log, which only operators read, name the URL.
+        where = f"{self.label} ({self.names.base_url})"
+        logged = f"{self.label} at {_display_url(url)}"
         secrets = _secrets(headers)
 
         def before_sleep(retry_state: RetryCallState) -> None:
@@ -195,7 +199,7 @@ class ProviderClient:
             wait = retry_state.next_action.sleep if retry_state.next_action else 0.0
             log.warning(
                 "%s: %s; trying again in %.2fs (try %d of %d)",
-                where, getattr(exc, "detail", type(exc).__name__),
+                logged, getattr(exc, "detail", type(exc).__name__),
                 wait, retry_state.attempt_number + 1, self.retries,
             )
 
@@ -290,8 +294,9 @@ class ProviderClient:
     def shape_error(self, path_or_url: str, what: str) -> PermanentError:
         """For the providers: an answer that parsed as JSON but is not what the API returns."""
         return PermanentError(
-            f"{self.label} at {_display_url(self.url(path_or_url))} answered an unexpected "
-            f"shape ({what}): check {self.names.base_url} points at the {self.label} API"
+            f"{self.label} ({self.names.base_url}) answered an unexpected shape at "
+            f"{urlsplit(self.url(path_or_url)).path} ({what}): check {self.names.base_url} "
+            f"points at the {self.label} API"
         )
 
 
