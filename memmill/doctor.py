@@ -23,23 +23,29 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pipeline.db import Q
+from memmill.doctor_rows import (
+    FAIL,
+    FORMATS,
+    MODEL,
+    OFF,
+    OK,
+    SERVER,
+    SKIP,
+    STORAGE,
+    WARN,
+    Row,
+)
+from memmill.doctor_services import service_rows, targets
 from pipeline.formats import optional
 from pipeline.formats.optional import Package
 from pipeline.settings import Settings
-
-OK, WARN, FAIL, OFF, SKIP = "ok", "warn", "fail", "not running", "skipped"
-SERVER, MODEL, FORMATS, SERVICES, STORAGE = (
-    "server packages", "embedding", "file formats (optional)", "services", "storage")
 
 CORE = (
     Package("asyncpg", "asyncpg", "memmill", "Postgres driver of the API and workers"),
@@ -72,35 +78,6 @@ PROBE_TEXT = "memmill doctor checks that the embedding model loads."
 # Below this, a bulk load soon fills the disk and Postgres stops accepting writes; below the
 # warning, one large rewrite (a migration, a reindex) may not fit.
 MIN_FREE_BYTES, WARN_FREE_BYTES = 1 << 30, 5 << 30
-CONNECT_TIMEOUT_S = 5.0
-MIN_POSTGRES, MIN_PGVECTOR = 13, (0, 8, 0)
-
-
-@dataclass(frozen=True)
-class Target:
-    """A server to check, and where its URL came from: the fix depends on it."""
-
-    url: str | None
-    source: str  # where the URL came from, or why there is none
-    variable: str  # the setting that names it
-
-
-@dataclass
-class Row:
-    """One line of the table (or one object of --json)."""
-
-    section: str
-    check: str
-    purpose: str
-    required: bool
-    status: str
-    detail: str
-    fix: str = ""
-
-    @property
-    def fails(self) -> bool:
-        """Only a required row can fail the command; an optional one is a finding."""
-        return self.required and self.status == FAIL
 
 
 def run_doctor(*, data_dir: Path | None, as_json: bool, console: Console) -> int:
@@ -211,181 +188,6 @@ async def embedding_row(settings: Settings) -> tuple[Row, int | None]:
                f"{key}: {dim} dimensions, loaded and embedded a text in {seconds:.1f} s"), dim
 
 
-# Services -----------------------------------------------------------------------------------
-
-
-def targets(settings: Settings) -> tuple[Target, Target]:
-    """The Postgres and Redis the servers would use, and where each URL came from."""
-    from memmill.supervisor import read_runtime
-
-    runtime = read_runtime(settings) or {}
-    running = f"the memmill up running on {settings.data_dir} (pid {runtime.get('pid')})"
-
-    def target(url: str | None, variable: str, runtime_key: str) -> Target:
-        if url:
-            return Target(url, variable, variable)
-        if runtime.get(runtime_key):
-            return Target(runtime[runtime_key], running, variable)
-        return Target(None, f"no {variable}, and no memmill up runs on {settings.data_dir}",
-                      variable)
-
-    return (target(settings.database_url, "MEMMILL_DATABASE_URL", "database_url"),
-            target(settings.redis_url, "MEMMILL_REDIS_URL", "redis_url"))
-
-
-async def service_rows(settings: Settings, database: Target, queue: Target,
-                       model_dim: int | None) -> list[Row]:
-    return [*await postgres_rows(database, settings, model_dim), await redis_row(queue)]
-
-
-def _off(check: str, purpose: str, target: Target, starts: str) -> Row:
-    """Nothing configured and nothing running: the embedded default, started by memmill up.
-    Not a failure (memmill is simply not running); its packages' rows are required instead."""
-    return Row(SERVICES, check, purpose, False, OFF, target.source,
-               f"start memmill up (it starts {starts}), or set {target.variable}")
-
-
-def _reason(err: BaseException) -> str:
-    """Plain words for the usual causes, which the clients word as "Connect call failed"."""
-    seen: BaseException | None = err
-    while seen is not None:
-        if isinstance(seen, ConnectionRefusedError):
-            return "connection refused: nothing listens there"
-        if isinstance(seen, TimeoutError):
-            return f"no answer within {CONNECT_TIMEOUT_S:.0f} s"
-        seen = seen.__cause__ or seen.__context__
-    return " ".join(str(err).split()) or type(err).__name__
-
-
-def _unreachable(check: str, purpose: str, target: Target, err: BaseException) -> Row:
-    reason = _reason(err)
-    if target.source == target.variable:
-        fix = (f"start it, or set {target.variable} to one that runs (unset, memmill up "
-               "starts an embedded one)")
-    else:
-        fix = "that memmill up does not answer: stop it (Ctrl-C) and start it again"
-    return Row(SERVICES, check, purpose, True, FAIL,
-               f"cannot connect to {redact(target.url or '')} ({target.source}): {reason}", fix)
-
-
-async def postgres_rows(target: Target, settings: Settings, model_dim: int | None) -> list[Row]:
-    purpose = "items, parts, vectors and the job ledger"
-    if target.url is None:
-        return [_off("Postgres", purpose, target, "the embedded Postgres")]
-    import asyncpg
-
-    try:
-        conn = await asyncpg.connect(target.url, timeout=CONNECT_TIMEOUT_S)
-    except (OSError, TimeoutError, ValueError, asyncpg.PostgresError,
-            asyncpg.InterfaceError) as err:
-        return [_unreachable("Postgres", purpose, target, err)]
-    try:
-        version = conn.get_server_version()
-        rows = [Row(SERVICES, "Postgres", purpose, True,
-                    OK if version.major >= MIN_POSTGRES else FAIL,
-                    f"PostgreSQL {version.major}.{version.minor} at {redact(target.url)} "
-                    f"({target.source})",
-                    "" if version.major >= MIN_POSTGRES else
-                    f"pgvector 0.8 needs PostgreSQL {MIN_POSTGRES} or later: upgrade it")]
-        rows.append(pgvector_row(await conn.fetchrow(Q["doctor.pgvector"])))
-        rows.append(await migrations_row(conn))
-        if rows[-1].status == OK:
-            rows.append(await index_row(conn, settings, model_dim))
-        else:  # no table to read the index from
-            rows.append(Row(SERVICES, "index dimension", "vectors of the configured model's size",
-                            True, SKIP, "read once the migrations are applied"))
-        return rows
-    finally:
-        await conn.close()
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split(".") if part.isdigit())
-
-
-def pgvector_row(found: Any) -> Row:
-    purpose = "vector and BM25 search (iterative HNSW scans need 0.8)"
-    installed, available = found["installed"], found["available"]
-    wanted = ".".join(map(str, MIN_PGVECTOR))
-    if installed is not None:
-        ok = _version_tuple(installed) >= MIN_PGVECTOR
-        return Row(SERVICES, "pgvector extension", purpose, True, OK if ok else FAIL,
-                   f"{installed} in this database",
-                   "" if ok else f"ALTER EXTENSION vector UPDATE, after installing {wanted}+")
-    if available is not None and _version_tuple(available) >= MIN_PGVECTOR:
-        return Row(SERVICES, "pgvector extension", purpose, True, OK,
-                   f"{available} available; memmill migrate creates the extension")
-    return Row(SERVICES, "pgvector extension", purpose, True, FAIL,
-               f"this server has pgvector {available}" if available else
-               "this server does not have pgvector",
-               f"install pgvector {wanted}+ on it (e.g. the pgvector/pgvector:pg18 image)")
-
-
-async def migrations_row(conn: Any) -> Row:
-    from pipeline.readiness import migrations
-
-    applied, known = await migrations(conn)
-    purpose = "the schema this memmill expects"
-    if applied == known:
-        return Row(SERVICES, "migrations", purpose, True, OK, f"{applied} of {known} applied")
-    if applied != "none" and applied > known:
-        return Row(SERVICES, "migrations", purpose, True, FAIL,
-                   f"the database has {applied}, this memmill knows up to {known}",
-                   "update memmill: a newer one migrated this database")
-    return Row(SERVICES, "migrations", purpose, True, FAIL, f"{applied} of {known} applied",
-               "run memmill migrate (memmill up applies them when it starts)")
-
-
-async def index_row(conn: Any, settings: Settings, model_dim: int | None) -> Row:
-    """The index's vector size is fixed by the schema; a worker refuses to start when the
-    settings disagree, and a model of another size could not write its vectors at all."""
-    from pipeline.reindex import model_key
-
-    dimension = await conn.fetchval(Q["reindex.dimension"])
-    state = await conn.fetchrow(Q["reindex.state"])
-    purpose = "vectors of the configured model's size"
-    if dimension != settings.embedding_dim or model_dim not in (None, dimension):
-        model = f"the model gives {model_dim}, " if model_dim not in (None, dimension) else ""
-        return Row(SERVICES, "index dimension", purpose, True, FAIL,
-                   f"the index stores {dimension} dimensions; {model}MEMMILL_EMBEDDING_DIM is "
-                   f"{settings.embedding_dim}",
-                   f"use a model of {dimension} dimensions (MEMMILL_EMBEDDING_MODEL, "
-                   f"MEMMILL_EMBEDDING_DIM={dimension})")
-    key, model, building = model_key(settings), state["model"], state["next_model"]
-    if model is None or (model == key and building is None):
-        made = "no vectors yet" if model is None else f"vectors by {model}"
-        return Row(SERVICES, "index dimension", purpose, True, OK,
-                   f"{dimension}, as the model and MEMMILL_EMBEDDING_DIM; {made}")
-    if building == key:
-        return Row(SERVICES, "index dimension", purpose, True, OK,
-                   f"{dimension}; reindexing from {model} to {key} in the background")
-    return Row(SERVICES, "index dimension", purpose, True, WARN,
-               f"{dimension}; the index holds {model} vectors, this configuration is {key}",
-               "a worker with this configuration re-embeds everything in the background "
-               "when it starts; unset the embedding settings to keep the old model")
-
-
-async def redis_row(target: Target) -> Row:
-    purpose = "the job queue between the API and the workers"
-    if target.url is None:
-        return _off("Redis", purpose, target, "the embedded Valkey")
-    import redis
-    import redis.asyncio
-
-    client = redis.asyncio.Redis.from_url(target.url, socket_connect_timeout=CONNECT_TIMEOUT_S,
-                                          socket_timeout=CONNECT_TIMEOUT_S)
-    try:
-        info = await client.info("server")
-    except (redis.RedisError, OSError, ValueError) as err:
-        return _unreachable("Redis", purpose, target, err)
-    finally:
-        await client.aclose()
-    name = (f"Valkey {info['valkey_version']}" if "valkey_version" in info
-            else f"Redis {info.get('redis_version', '?')}")
-    return Row(SERVICES, "Redis", purpose, True, OK,
-               f"{name} at {redact(target.url)} ({target.source})")
-
-
 # Storage ------------------------------------------------------------------------------------
 
 
@@ -476,14 +278,4 @@ def summary(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def redact(url: str) -> str:
-    """A URL fit to print: the password replaced (the embedded servers' URLs carry theirs)."""
-    parts = urlsplit(url)
-    if not parts.password:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-__all__ = ["Row", "collect", "redact", "run_doctor"]
+__all__ = ["collect", "run_doctor"]

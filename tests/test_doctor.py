@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 from rich.console import Console
 
-from memmill import doctor
+from memmill import doctor, doctor_rows, doctor_services
 from memmill.supervisor import RUNTIME_FILE
 from pipeline.settings import Settings
 from tests.conftest import free_port
@@ -156,25 +156,25 @@ def test_the_servers_of_a_running_memmill_up_are_the_ones_checked(
 
 
 def test_passwords_in_urls_are_not_printed() -> None:
-    assert doctor.redact("postgresql://memmill:s3cret@127.0.0.1:5432/memmill?sslmode=off") == (
+    assert doctor_rows.redact("postgresql://memmill:s3cret@127.0.0.1:5432/memmill?sslmode=off") == (
         "postgresql://memmill:***@127.0.0.1:5432/memmill?sslmode=off")
-    assert doctor.redact("redis://:pw@localhost/0") == "redis://:***@localhost/0"
-    assert doctor.redact("redis://localhost:6379/0") == "redis://localhost:6379/0"
+    assert doctor_rows.redact("redis://:pw@localhost/0") == "redis://:***@localhost/0"
+    assert doctor_rows.redact("redis://localhost:6379/0") == "redis://localhost:6379/0"
 
 
 async def test_the_index_row_compares_the_database_with_the_settings_and_the_model(
     pool: asyncpg.Pool,
 ) -> None:
-    ok = await doctor.index_row(pool, Settings(), 384)
+    ok = await doctor_services.index_row(pool, Settings(), 384)
     assert (ok.status, ok.detail) == ("ok", "384, as the model and MEMMILL_EMBEDDING_DIM; "
                                             "no vectors yet")
-    wrong = await doctor.index_row(pool, Settings(embedding_dim=768), 768)
+    wrong = await doctor_services.index_row(pool, Settings(embedding_dim=768), 768)
     assert wrong.fails
     assert wrong.detail == ("the index stores 384 dimensions; the model gives 768, "
                             "MEMMILL_EMBEDDING_DIM is 768")
     assert "a model of 384 dimensions" in wrong.fix
     await pool.execute("UPDATE embedding_index SET model = 'openai:text-embedding-3-small'")
-    other = await doctor.index_row(pool, Settings(), 384)
+    other = await doctor_services.index_row(pool, Settings(), 384)
     assert other.status == "warn" and not other.fails
     assert "holds openai:text-embedding-3-small vectors" in other.detail
     assert "re-embeds everything in the background" in other.fix
@@ -186,8 +186,9 @@ async def test_a_database_never_migrated_says_to_migrate(pg_admin_dsn: str) -> N
     await admin.execute(f"CREATE DATABASE {name}")
     try:
         dsn = pg_admin_dsn.replace("/postgres?", f"/{name}?")
-        target = doctor.Target(dsn, "MEMMILL_DATABASE_URL", "MEMMILL_DATABASE_URL")
-        rows = {row.check: row for row in await doctor.postgres_rows(target, Settings(), 384)}
+        target = doctor_rows.Target(dsn, "MEMMILL_DATABASE_URL", "MEMMILL_DATABASE_URL")
+        checked = await doctor_services.postgres_rows(target, Settings(), 384)
+        rows = {row.check: row for row in checked}
     finally:
         await admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
         await admin.close()
