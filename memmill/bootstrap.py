@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import asyncpg
 
 from memmill.private import write_private
+from memmill.runtime import key_file, read_local_key
 from pipeline import tenants
 from pipeline.db import migrate
 from pipeline.settings import Settings
-
-KEY_FILE = "api_key"
-
-
-def key_file(settings: Settings) -> Path:
-    return settings.data_dir / KEY_FILE
-
-
-def read_local_key(settings: Settings) -> str | None:
-    path = key_file(settings)
-    return path.read_text().strip() if path.exists() else None
 
 
 async def register_bootstrap_key(dsn: str, settings: Settings, key: str) -> None:

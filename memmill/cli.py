@@ -18,10 +18,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from memmill.bootstrap import read_local_key
 from memmill.client import ApiError, Client
 from memmill.ops import dead_app, jobs_app
-from memmill.supervisor import read_runtime, run_up
+from memmill.runtime import read_local_key, read_runtime
 from pipeline.settings import Settings
 
 app = typer.Typer(
@@ -112,6 +111,8 @@ def up(
     """Start everything: embedded Postgres and Valkey (unless URLs are set), API, workers."""
     _logging()
     settings = _settings(data_dir, api_host=host, api_port=port)
+    from memmill.supervisor import run_up
+
     raise typer.Exit(run_up(settings, workers=workers))
 
 

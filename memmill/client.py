@@ -6,8 +6,6 @@ import json
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-
 
 def id_segment(item_id: str) -> str:
     """An item id as one percent-encoded path segment, so the server gets back exactly the id.
@@ -30,7 +28,10 @@ class ApiError(Exception):
 class Client:
     def __init__(self, url: str, key: str | None, *, timeout_s: float = 30.0) -> None:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
+        import httpx  # here, so that `memmill doctor` runs (and reports it) without httpx
+
         self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
+        self._http_error = httpx.HTTPError
 
     def __enter__(self) -> Client:
         return self
@@ -41,7 +42,7 @@ class Client:
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             response = self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
+        except self._http_error as exc:
             raise ApiError(0, f"cannot reach {self._http.base_url}: {exc}") from exc
         if response.status_code >= 400:
             try:

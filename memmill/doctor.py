@@ -45,7 +45,7 @@ from memmill.doctor_rows import (
 from memmill.doctor_services import service_rows, targets
 from pipeline.formats import optional
 from pipeline.formats.optional import Package
-from pipeline.settings import Settings
+from pipeline.settings import Settings, model_key
 
 CORE = (
     Package("asyncpg", "asyncpg", "memmill", "Postgres driver of the API and workers"),
@@ -161,8 +161,6 @@ def process_row(name: str, module: str, purpose: str) -> Row:
 async def embedding_row(settings: Settings) -> tuple[Row, int | None]:
     """Load the configured model and embed one text: only that shows the weights are there,
     load, and give vectors of the dimension the settings (and so the index) expect."""
-    from pipeline.reindex import model_key
-
     key, purpose = model_key(settings), "every item's vectors, and every search's"
     probe = settings.model_copy(update={"embedding_threads": 1, "provider_retries": 1,
                                         "provider_timeout_s": 20.0})

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from memmill.doctor_rows import FAIL, OFF, OK, SERVICES, SKIP, WARN, Row, Target, redact
-from pipeline.db import Q
-from pipeline.settings import Settings
+from memmill.runtime import read_runtime
+from pipeline.settings import Settings, model_key
 
 CONNECT_TIMEOUT_S = 5.0
 MIN_POSTGRES, MIN_PGVECTOR = 13, (0, 8, 0)
@@ -16,8 +16,6 @@ MIN_POSTGRES, MIN_PGVECTOR = 13, (0, 8, 0)
 
 def targets(settings: Settings) -> tuple[Target, Target]:
     """The Postgres and Redis the servers would use, and where each URL came from."""
-    from memmill.supervisor import read_runtime
-
     runtime = read_runtime(settings) or {}
     running = f"the memmill up running on {settings.data_dir} (pid {runtime.get('pid')})"
 
@@ -36,6 +34,20 @@ def targets(settings: Settings) -> tuple[Target, Target]:
 async def service_rows(settings: Settings, database: Target, queue: Target,
                        model_dim: int | None) -> list[Row]:
     return [*await postgres_rows(database, settings, model_dim), await redis_row(queue)]
+
+
+def _queries() -> dict[str, str]:
+    """The named queries, loaded on first use: `pipeline.db` needs asyncpg, and a doctor
+    without asyncpg must still print its table."""
+    from pipeline.db import Q
+
+    return Q
+
+
+def _cannot_check(check: str, purpose: str, err: ImportError) -> Row:
+    return Row(SERVICES, check, purpose, True, FAIL,
+               f"cannot check: {type(err).__name__}: {err}",
+               "install the missing package (see server packages above): ./dev setup")
 
 
 def _off(check: str, purpose: str, target: Target, starts: str) -> Row:
@@ -72,7 +84,10 @@ async def postgres_rows(target: Target, settings: Settings, model_dim: int | Non
     purpose = "items, parts, vectors and the job ledger"
     if target.url is None:
         return [_off("Postgres", purpose, target, "the embedded Postgres")]
-    import asyncpg
+    try:
+        import asyncpg
+    except ImportError as err:
+        return [_cannot_check("Postgres", purpose, err)]
 
     try:
         conn = await asyncpg.connect(target.url, timeout=CONNECT_TIMEOUT_S)
@@ -87,7 +102,7 @@ async def postgres_rows(target: Target, settings: Settings, model_dim: int | Non
                     f"({target.source})",
                     "" if version.major >= MIN_POSTGRES else
                     f"pgvector 0.8 needs PostgreSQL {MIN_POSTGRES} or later: upgrade it")]
-        rows.append(pgvector_row(await conn.fetchrow(Q["doctor.pgvector"])))
+        rows.append(pgvector_row(await conn.fetchrow(_queries()["doctor.pgvector"])))
         rows.append(await migrations_row(conn))
         if rows[-1].status == OK:
             rows.append(await index_row(conn, settings, model_dim))
@@ -139,10 +154,9 @@ async def migrations_row(conn: Any) -> Row:
 async def index_row(conn: Any, settings: Settings, model_dim: int | None) -> Row:
     """The index's vector size is fixed by the schema; a worker refuses to start when the
     settings disagree, and a model of another size could not write its vectors at all."""
-    from pipeline.reindex import model_key
 
-    dimension = await conn.fetchval(Q["reindex.dimension"])
-    state = await conn.fetchrow(Q["reindex.state"])
+    dimension = await conn.fetchval(_queries()["reindex.dimension"])
+    state = await conn.fetchrow(_queries()["reindex.state"])
     purpose = "vectors of the configured model's size"
     if dimension != settings.embedding_dim or model_dim not in (None, dimension):
         model = f"the model gives {model_dim}, " if model_dim not in (None, dimension) else ""
@@ -169,8 +183,11 @@ async def redis_row(target: Target) -> Row:
     purpose = "the job queue between the API and the workers"
     if target.url is None:
         return _off("Redis", purpose, target, "the embedded Valkey")
-    import redis
-    import redis.asyncio
+    try:
+        import redis
+        import redis.asyncio
+    except ImportError as err:
+        return _cannot_check("Redis", purpose, err)
 
     client = redis.asyncio.Redis.from_url(target.url, socket_connect_timeout=CONNECT_TIMEOUT_S,
                                           socket_timeout=CONNECT_TIMEOUT_S)

@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 
@@ -22,28 +21,13 @@ from memmill.bootstrap import bootstrap
 from memmill.child import Child, advice
 from memmill.embedded import start_postgres, start_valkey
 from memmill.private import write_private
+from memmill.runtime import read_runtime, runtime_file
 from pipeline.settings import Settings
 
-RUNTIME_FILE = "runtime.json"
 STOP_GRACE_S = 30.0
 READY_TIMEOUT_S = 300.0
 # A child that dies this many times during start-up with the same last line cannot start.
 STARTUP_SAME_DEATHS = 2
-
-
-def runtime_file(settings: Settings) -> Path:
-    return settings.data_dir / RUNTIME_FILE
-
-
-def read_runtime(settings: Settings) -> dict[str, str] | None:
-    """What a running `memmill up` published: URLs for extra workers and for the CLI."""
-    path = runtime_file(settings)
-    try:
-        info = json.loads(path.read_text())
-        os.kill(int(info["pid"]), 0)
-    except (OSError, ValueError, KeyError):
-        return None
-    return info
 
 
 def _port_free(host: str, port: int) -> bool:

@@ -22,7 +22,7 @@ from pipeline import jobs
 from pipeline.db import Q
 from pipeline.errors import RetryLater
 from pipeline.jobs import Enqueuer, JobRef, JobSpec
-from pipeline.settings import Settings
+from pipeline.settings import Settings, model_key
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +31,6 @@ CURRENT, NEXT = "embedding", "embedding_next"
 # An embed job whose worker has neither the index's model nor the one being built waits for
 # a worker that does (during a rolling restart, the old workers still run).
 MISMATCH_RETRY_S = 60.0
-
-
-def model_key(settings: Settings) -> str:
-    """What identifies an embedding space: the same model name from another provider is
-    another space."""
-    return f"{settings.embedding_provider}:{settings.embedding_model}"
 
 
 @dataclass(frozen=True)

@@ -220,3 +220,9 @@ class Settings(BaseSettings):
 @lru_cache
 def get_settings() -> Settings:
     return Settings()
+
+
+def model_key(settings: Settings) -> str:
+    """What identifies an embedding space: the same model name from another provider is
+    another space."""
+    return f"{settings.embedding_provider}:{settings.embedding_model}"

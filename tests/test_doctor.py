@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console
 
 from memmill import doctor, doctor_rows, doctor_services
-from memmill.supervisor import RUNTIME_FILE
+from memmill.runtime import RUNTIME_FILE
 from pipeline.settings import Settings
 from tests.conftest import free_port
 
@@ -200,3 +200,17 @@ async def test_a_database_never_migrated_says_to_migrate(pg_admin_dsn: str) -> N
     assert rows["migrations"].detail.startswith("none of ")
     assert rows["migrations"].fix == "run memmill migrate (memmill up applies them when it starts)"
     assert rows["index dimension"].status == "skipped" and not rows["index dimension"].fails
+
+
+def test_a_missing_server_package_is_reported_not_a_crash(
+    db_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """doctor exists for a broken installation: without asyncpg it still prints every row,
+    names the package, and says why Postgres could not be checked."""
+    done = run_doctor(services(db_url, redis_url, tmp_path), "--json", blocked="asyncpg")
+    assert done.returncode == 1, done.stdout + done.stderr
+    rows = {row["check"]: row for row in json.loads(done.stdout)["rows"]}
+    assert rows["asyncpg"]["status"] == "fail" and rows["asyncpg"]["fails"]
+    assert rows["Postgres"]["status"] == "fail"
+    assert "cannot check" in rows["Postgres"]["detail"]
+    assert rows["Redis"]["status"] == "ok"
