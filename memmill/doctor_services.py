@@ -154,7 +154,6 @@ async def migrations_row(conn: Any) -> Row:
 async def index_row(conn: Any, settings: Settings, model_dim: int | None) -> Row:
     """The index's vector size is fixed by the schema; a worker refuses to start when the
     settings disagree, and a model of another size could not write its vectors at all."""
-
     dimension = await conn.fetchval(_queries()["reindex.dimension"])
     state = await conn.fetchrow(_queries()["reindex.state"])
     purpose = "vectors of the configured model's size"
