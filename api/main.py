@@ -15,7 +15,7 @@ from api import docs, errors, openapi
 from api.access_log import AccessLog
 from api.auth import Authenticate
 from api.limits import BodySizeLimit
-from api.routes import dead_letters, health, items, jobs, search
+from api.routes import context, dead_letters, health, items, jobs, memories, search, sessions
 from pipeline.db import create_pool
 from pipeline.key_cache import KeyCache
 from pipeline.providers.embeddings import QueryCache, get_embedder
@@ -95,7 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     errors.install(app)
-    for module in (health, items, jobs, dead_letters, search):
+    for module in (health, items, jobs, dead_letters, search, memories, sessions, context):
         app.include_router(module.router)
     openapi.install(app)
     docs.install(app)

@@ -55,6 +55,11 @@ EXTRA_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/jobs/{job_id}/retry"): (409,),
     ("post", "/v1/jobs/{job_id}/cancel"): (409,),
     ("post", "/v1/dead-letters/{dead_letter_id}/replay"): (409,),
+    # A stale version, or a session written with another scope than it was created with.
+    ("patch", "/v1/memories/{memory_id}"): (409,),
+    ("post", "/v1/memories/{memory_id}/invalidate"): (409,),
+    ("delete", "/v1/memories/{memory_id}"): (409,),
+    ("post", "/v1/sessions/{session_id}/events"): (409,),
 }
 # Health checks answer 503 with the same body as their 200, saying what is missing.
 UNHEALTHY = {

@@ -30,7 +30,9 @@ SUMMARIZE = "summarize"
 EMBED = "embed"
 EXTRACT = "extract"
 REINDEX = "reindex"
-KINDS = (REGULARIZE, OCR, ANALYZE, SUMMARIZE, EMBED, EXTRACT, REINDEX)
+EMBED_MEMORY = "embed_memory"
+FORGET = "forget"
+KINDS = (REGULARIZE, OCR, ANALYZE, SUMMARIZE, EMBED, EXTRACT, REINDEX, EMBED_MEMORY, FORGET)
 
 # Ledger statuses, in the order a job moves through them.
 WAITING, QUEUED, RUNNING, DONE, DEAD, CANCELLED = (
@@ -56,6 +58,8 @@ STAGE_HEAD_START_S = {
     SUMMARIZE: 3600.0,
     EXTRACT: 3600.0,
     EMBED: 7200.0,
+    EMBED_MEMORY: 7200.0,
+    FORGET: 0.0,
 }
 
 
@@ -88,6 +92,9 @@ class JobRef:
     id: uuid.UUID
     kind: str
     attempts: int = 0
+    # Due later than now (an extraction waiting for its session to go quiet): the queue holds
+    # it back this long. None: due at once, with its stage's head start.
+    defer_s: float | None = None
 
     @property
     def queue_job_id(self) -> str:
@@ -157,7 +164,7 @@ async def enqueue(
                 str(ref.id),
                 _job_id=ref.queue_job_id,
                 _queue_name=queue_name,
-                _defer_by=-STAGE_HEAD_START_S.get(ref.kind, 0.0) if defer_s is None else defer_s,
+                _defer_by=_defer_of(ref, defer_s),
             )
             sent.append(ref.id)
         except Exception as exc:  # noqa: BLE001 - Redis down must not fail the request
@@ -169,6 +176,14 @@ async def enqueue(
         except Exception as exc:  # noqa: BLE001 - only an optimisation for the sweeper
             log.warning("could not record enqueue time: %s", exc)
     return len(sent)
+
+
+def _defer_of(ref: JobRef, defer_s: float | None) -> float:
+    if defer_s is not None:
+        return defer_s
+    if ref.defer_s is not None:
+        return ref.defer_s
+    return -STAGE_HEAD_START_S.get(ref.kind, 0.0)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # The job kinds a per-kind override may name (pipeline.jobs.KINDS; repeated here so that the
 # settings import nothing of the pipeline, and checked equal by a test).
-JOB_KINDS = ("regularize", "ocr", "analyze", "summarize", "embed", "extract", "reindex")
+JOB_KINDS = (
+    "regularize", "ocr", "analyze", "summarize", "embed", "extract", "reindex",
+    "embed_memory", "forget",
+)
 
 
 def _default_data_dir() -> Path:
@@ -187,6 +190,21 @@ class Settings(BaseSettings):
     # How often a tenant's word statistics (BM25's idf) may be recounted while it changes.
     text_stats_interval_s: float = Field(default=30.0, gt=0)
     hnsw_ef_search: int = Field(default=100, ge=1, le=1000)
+
+    # Agent memory: extraction of memories from sessions, and the decisions on each proposal.
+    # 'rules' is the offline extractor (pipeline/memory/extraction/rules.py); a chat model
+    # over HTTP extracts and decides when one is named here.
+    extraction_provider: Literal["rules", "openai", "anthropic", "ollama"] = "rules"
+    extraction_model: str = ""
+    extraction_base_url: str | None = None
+    extraction_api_key: SecretStr | None = None
+    # A session is extracted this long after its last event (or at once on an `ending` event).
+    extraction_quiet_s: float = Field(default=30.0, ge=0)
+    # A proposal this similar (cosine) to a memory in its scope is the same content: no write.
+    dedup_similarity: float = Field(default=0.95, gt=0, le=1)
+    # From this similarity on, a proposal is about the same thing as a memory, and the decider
+    # chooses between UPDATE, SUPERSEDE and ADD.
+    related_similarity: float = Field(default=0.75, gt=0, le=1)
 
     @field_validator("job_overrides")
     @classmethod

@@ -266,7 +266,7 @@ async def analyze(job: asyncpg.Record, deps: Deps) -> Writer:
     return write
 
 
-async def _vectors(
+async def vectors_by_hash(
     deps: Deps, tenant_id: int, rows: Sequence[asyncpg.Record]
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Vectors for the rows' texts by content hash: from the cache where it has them, from the
@@ -285,7 +285,7 @@ async def _vectors(
     return {**cached, **computed}, computed
 
 
-async def _cache(
+async def cache_vectors(
     conn: asyncpg.Connection, deps: Deps, tenant_id: int, computed: dict[str, np.ndarray]
 ) -> None:
     key = reindex.model_key(deps.settings)
@@ -301,7 +301,7 @@ async def embed(job: asyncpg.Record, deps: Deps) -> Writer:
     the column the index says this embedder's vectors belong in."""
     tenant_id, item_id, version = job["tenant_id"], job["item_id"], job["version"]
     rows = await deps.pool.fetch(Q["parts.of_version"], tenant_id, item_id, version)
-    vectors, computed = await _vectors(deps, tenant_id, rows)
+    vectors, computed = await vectors_by_hash(deps, tenant_id, rows)
 
     async def write(conn: asyncpg.Connection) -> None:
         column = await reindex.target(conn, reindex.model_key(deps.settings))
@@ -309,7 +309,7 @@ async def embed(job: asyncpg.Record, deps: Deps) -> Writer:
         await conn.executemany(
             query, [(tenant_id, r["id"], vectors[r["content_hash"]]) for r in rows]
         )
-        await _cache(conn, deps, tenant_id, computed)
+        await cache_vectors(conn, deps, tenant_id, computed)
 
     return write
 
@@ -319,7 +319,7 @@ async def reindex_page(job: asyncpg.Record, deps: Deps) -> Writer:
     of the tenant's parts to the next job of the chain."""
     tenant_id, after_id = job["tenant_id"], int(job["payload"].get("after_id", 0))
     rows = await deps.pool.fetch(Q["reindex.page"], tenant_id, after_id, reindex.PAGE_PARTS)
-    vectors, computed = await _vectors(deps, tenant_id, rows)
+    vectors, computed = await vectors_by_hash(deps, tenant_id, rows)
 
     async def write(conn: asyncpg.Connection) -> list[JobRef] | None:
         if await reindex.target(conn, reindex.model_key(deps.settings)) != reindex.NEXT:
@@ -327,7 +327,7 @@ async def reindex_page(job: asyncpg.Record, deps: Deps) -> Writer:
         await conn.executemany(
             Q["reindex.set_next"], [(tenant_id, r["id"], vectors[r["content_hash"]]) for r in rows]
         )
-        await _cache(conn, deps, tenant_id, computed)
+        await cache_vectors(conn, deps, tenant_id, computed)
         if len(rows) < reindex.PAGE_PARTS:
             return None
         created = await jobs.create_jobs(
@@ -372,3 +372,8 @@ TASKS: dict[str, Task] = {
     jobs.REINDEX: reindex_page,
     jobs.SUMMARIZE: summarize_item,
 }
+
+# The agent memory's jobs build on Deps and the embedding helpers above.
+from pipeline.memory import tasks as memory_tasks  # noqa: E402
+
+TASKS.update(memory_tasks.TASKS)

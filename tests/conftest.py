@@ -95,7 +95,7 @@ def settings(db_url: str, redis_url: str, tmp_path: Path) -> Settings:
         database_url=db_url, redis_url=redis_url, data_dir=tmp_path,
         queue_name=f"memmill:test:{uuid.uuid4().hex[:10]}",
         retry_base_s=0.05, retry_max_s=0.2, lease_s=5, sweep_interval_s=0.2,
-        enqueue_grace_s=0.5, db_pool_max_size=5,
+        enqueue_grace_s=0.5, db_pool_max_size=5, extraction_quiet_s=0,
     )
 
 

@@ -33,7 +33,10 @@ WITH claimed AS (
     SET status = 'running', attempts = attempts + 1, worker_id = $2,
         lease_until = now() + make_interval(secs => $3), started_at = now(), updated_at = now()
     WHERE id = $1
-      AND (status = 'queued' OR (status = 'running' AND lease_until < now()))
+      -- A delivery before the job is due (an extraction whose session spoke again and moved
+      -- it later) is skipped; the delivery enqueued for the new time, or the sweeper, runs it.
+      AND ((status = 'queued' AND run_after <= now() + interval '1 second')
+           OR (status = 'running' AND lease_until < now()))
     RETURNING *
 ), closed AS (
     UPDATE job_attempts SET finished_at = now(), outcome = 'lost', error = 'lease expired'

@@ -1,0 +1,1 @@
+"""Memories from sessions: extractors propose, deciders choose what each proposal does."""

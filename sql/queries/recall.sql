@@ -1,0 +1,110 @@
+-- Search over a reader's memories and events, in one round trip.
+--
+-- A reader's rows are few next to a tenant's (one user's memories and conversations), so both
+-- sides rank them exactly: every visible row that passes the filters is a candidate, scored by
+-- cosine similarity with the query (when its vector was made by the query's embedder) and by
+-- BM25, whose document frequencies are counted among those same rows, so that a word is rare
+-- or common for this reader's memory, not for the tenant's. The scores are fused as the
+-- document search's 'score' fusion does (search_fused, migration 0005), and lifted by the
+-- signals the design adds (pipeline/memory/recall.py says why each is general):
+-- - people: a row spoken by (or about) a person the query names;
+-- - neighbours: an event takes a share of the best score of the turns next to it in its
+--   session, so an answer whose question matched is found with it.
+--
+-- $1 tenant, $2 query text, $3 query vector, $4 reader user, $5 reader agent, $6 memories?,
+-- $7 events?, $8 session filter, $9 types, $10 valid only, $11 as of, $12 min confidence,
+-- $13 after, $14 before, $15 alpha, $16 embedder key, $17 use vectors, $18 the query's words (words_of, with a space
+-- on either side), $19 people weight, $20 neighbour weight, $21 limit, $22 offset.
+-- name: search
+WITH terms AS (
+    SELECT DISTINCT u.lexeme FROM unnest(to_tsvector('english', $2)) u
+),
+q AS (
+    SELECT (SELECT string_agg(tsquery_literal(lexeme), ' | ')::tsquery FROM terms) AS any_word
+),
+mem AS MATERIALIZED (
+    SELECT 'memory'::text AS kind, m.id::text AS id, m.id AS mid, NULL::text AS session_id,
+           NULL::text AS event_id, NULL::bigint AS seq, m.tsv, m.terms,
+           CASE WHEN $17 AND m.embedding_model = $16 THEN 1 - (m.embedding <=> $3) END AS vector_score,
+           ' ' || words_of(m.content) || ' ' AS words, NULL::text AS sender
+    FROM memories m
+    WHERE $6 AND m.tenant_id = $1
+      AND scope_visible(m.visibility, m.user_id, m.agent_id, $4, $5)
+      AND ($8::text IS NULL OR m.session_id = $8)
+      AND ($9::text[] IS NULL OR m.type = ANY ($9))
+      AND (NOT $10 OR m.valid_until IS NULL OR m.valid_until > coalesce($11, now()))
+      AND ($11::timestamptz IS NULL OR m.created_at <= $11)
+      AND ($12::real IS NULL OR m.confidence >= $12)
+      AND ($13::timestamptz IS NULL OR coalesce(m.observed_at, m.created_at) >= $13)
+      AND ($14::timestamptz IS NULL OR coalesce(m.observed_at, m.created_at) < $14)
+),
+ev AS MATERIALIZED (
+    SELECT 'event'::text AS kind, e.session_id || '/' || e.event_id AS id, NULL::uuid AS mid,
+           e.session_id,
+           e.event_id, e.seq, e.tsv, e.terms,
+           CASE WHEN $17 AND e.embedding_model = $16 THEN 1 - (e.embedding <=> $3) END AS vector_score,
+           NULL::text AS words, ' ' || words_of(e.sender_name) || ' ' AS sender
+    FROM events e
+    WHERE $7 AND e.tenant_id = $1
+      AND scope_visible(e.visibility, e.user_id, e.agent_id, $4, $5)
+      AND ($8::text IS NULL OR e.session_id = $8)
+      AND ($11::timestamptz IS NULL OR e.created_at <= $11)
+      AND ($13::timestamptz IS NULL OR e.created_at >= $13)
+      AND ($14::timestamptz IS NULL OR e.created_at < $14)
+),
+rows AS (
+    SELECT * FROM mem UNION ALL SELECT * FROM ev
+),
+-- The people the query names: speakers of the reader's sessions whose name is in the query.
+named AS (
+    SELECT DISTINCT sender FROM ev WHERE position(sender IN $18) > 0
+),
+-- BM25's idf from the reader's own rows: how many hold each of the query's words.
+stats AS (
+    SELECT t.lexeme, count(r.*) AS df, (SELECT count(*) FROM rows) AS n
+    FROM terms t LEFT JOIN rows r ON r.tsv @@ tsquery_literal(t.lexeme)::tsquery
+    GROUP BY t.lexeme
+),
+weights AS (
+    SELECT ('{' || string_agg(dim || ':' || idf, ',' ORDER BY dim) || '}/268435456')::sparsevec AS w
+    FROM (SELECT lexeme_dim(lexeme) AS dim, sum(ln(1 + (n - df + 0.5) / (df + 0.5))) AS idf
+          FROM stats WHERE df > 0 GROUP BY 1) x
+),
+scored AS (
+    SELECT r.kind, r.id, r.mid, r.session_id, r.event_id, r.seq, r.vector_score,
+           CASE WHEN r.tsv @@ (SELECT any_word FROM q) THEN -(r.terms <#> (SELECT w FROM weights))
+                ELSE 0 END AS fts_score,
+           (r.sender IN (SELECT sender FROM named)
+            OR EXISTS (SELECT 1 FROM named n WHERE position(n.sender IN r.words) > 0))
+               AS names_person
+    FROM rows r
+),
+fused AS (
+    SELECT s.*,
+           search_fused('score', $15, 60, s.vector_score, max(s.vector_score) OVER (),
+                        NULL, NULL, s.fts_score, max(s.fts_score) OVER (), NULL, NULL)
+           + CASE WHEN s.names_person THEN $19 ELSE 0 END AS relevance
+    FROM scored s
+),
+lifted AS (
+    SELECT f.*,
+           f.relevance + CASE WHEN f.kind = 'event' THEN $20 * coalesce(greatest(
+               lag(f.relevance) OVER turns, lead(f.relevance) OVER turns), 0) ELSE 0 END
+               AS score
+    FROM fused f
+    WINDOW turns AS (PARTITION BY f.kind, f.session_id ORDER BY f.seq)
+),
+page AS (
+    SELECT * FROM lifted ORDER BY score DESC, kind, id LIMIT $21 OFFSET $22
+)
+SELECT p.kind, p.id, p.score, p.relevance, p.vector_score, p.fts_score, p.names_person,
+       m.id AS memory_id, m.type, m.content AS memory_content, m.confidence, m.observed_at,
+       m.valid_until, m.source_events, m.version, m.user_id AS memory_user,
+       m.agent_id AS memory_agent, m.visibility AS memory_visibility, m.pinned,
+       m.created_at AS memory_created_at,
+       e.session_id, e.event_id, e.role, e.sender_name, e.content AS event_content,
+       e.created_at AS event_created_at
+FROM page p
+LEFT JOIN memories m ON m.tenant_id = $1 AND m.id = p.mid
+LEFT JOIN events e ON p.kind = 'event' AND e.tenant_id = $1 AND e.seq = p.seq
+ORDER BY p.score DESC, p.kind, p.id;
