@@ -1,0 +1,245 @@
+"""Packing memories, a session summary and turns into one text within a token budget: the pure
+part of `POST /v1/context`, so every budget rule is testable without a database.
+
+Sections always come in the same order (pinned, memories, summary, relevant turns, recent
+turns), most stable first, so a caller can cache the prompt prefix across calls. They are filled
+in a different order, by priority: the latest turns are reserved first (an agent that loses the
+last thing said is lost), then pinned memories, then memories and relevant past turns taken
+alternately in relevance order, so neither kind can starve the other, then the summary.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from itertools import zip_longest
+from typing import Any
+
+from pipeline.memory.tokens import count_many, count_tokens, truncate_to_tokens
+
+HEADERS = {
+    "pinned": "## Pinned",
+    "memories": "## Memories",
+    "summary": "## Summary",
+    "relevant_turns": "## Relevant past turns",
+    "recent_turns": "## Recent turns",
+}
+SECTION_ORDER = tuple(HEADERS)
+# WordPiece counts no whitespace, but the model the context is for usually does: each line is
+# charged for its newline and each section for the blank line around it, so the estimate is an
+# upper bound of the real count and leaves room for a BPE tokenizer's newlines.
+NEWLINE_TOKENS = 1
+SECTION_GAP_TOKENS = 2
+_SPACES = re.compile(r"\s+")
+
+
+@dataclass(frozen=True)
+class MemoryLine:
+    """A memory as the context shows it; `source_events` are (session_id, event_id) pairs."""
+
+    id: str
+    type: str
+    content: str
+    observed_at: datetime | None
+    source_events: tuple[tuple[str, str], ...]
+    pinned: bool = False
+
+
+@dataclass(frozen=True)
+class TurnLine:
+    """One event of a session as the context shows it."""
+
+    session_id: str
+    event_id: str
+    role: str
+    sender_name: str | None
+    content: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Section:
+    """Where the budget went, so a caller can see what crowded out what."""
+
+    name: str
+    tokens: int  # the header included
+
+
+@dataclass
+class PackedContext:
+    """The rendered text plus what it holds, so the API can cite sources without parsing it."""
+
+    context: str
+    sections: list[Section]
+    truncated: bool  # something given was left out or cut short to fit the budget
+    included: list[dict[str, Any]]  # what the context shows, in the order it shows it
+
+
+@dataclass
+class _Item:
+    section: str
+    text: str
+    entry: dict[str, Any]
+    tokens: int = 0
+    created_at: datetime | None = None  # orders relevant turns once they are chosen
+
+
+def _one_line(text: str) -> str:
+    """One item per line keeps the context compact and lets a reader (or a model) tell items
+    apart without any markup."""
+    return _SPACES.sub(" ", text).strip()
+
+
+def _memory_item(section: str, memory: MemoryLine) -> _Item:
+    date = f"[{memory.observed_at:%Y-%m-%d}] " if memory.observed_at else ""
+    text = f"- {date}({memory.type}) {_one_line(memory.content)}"
+    sources = [{"session_id": s, "event_id": e} for s, e in memory.source_events]
+    return _Item(section, text, {"kind": "memory", "id": memory.id, "source_events": sources})
+
+
+def _turn_key(turn: TurnLine) -> str:
+    return f"{turn.session_id}/{turn.event_id}"
+
+
+def _turn_item(section: str, turn: TurnLine) -> _Item:
+    speaker = turn.sender_name or turn.role
+    text = f"[{turn.created_at:%Y-%m-%d %H:%M}] {speaker}: {_one_line(turn.content)}"
+    entry = {"kind": "event", "id": _turn_key(turn), "session_id": turn.session_id,
+             "event_id": turn.event_id}
+    return _Item(section, text, entry, created_at=turn.created_at)
+
+
+def _interleave(first: Sequence[_Item], second: Sequence[_Item]) -> Iterator[_Item]:
+    for a, b in zip_longest(first, second):
+        if a is not None:
+            yield a
+        if b is not None:
+            yield b
+
+
+def _unique(items: Sequence[_Item], seen: set[tuple[str, str]]) -> list[_Item]:
+    """Items not in `seen`, adding theirs: the same memory or turn is shown once."""
+    kept = []
+    for item in items:
+        key = (item.entry["kind"], item.entry["id"])
+        if key not in seen:
+            seen.add(key)
+            kept.append(item)
+    return kept
+
+
+class _Budget:
+    """Tokens left, charging a section's header and gap with its first item."""
+
+    def __init__(self, max_tokens: int, header_tokens: dict[str, int]) -> None:
+        self.left = max_tokens
+        self.header_tokens = header_tokens
+        self.opened: set[str] = set()
+        self.chosen: list[_Item] = []
+        self.truncated = False
+
+    def cost(self, items: Sequence[_Item]) -> int:
+        new = {item.section for item in items} - self.opened
+        lines = sum(item.tokens + NEWLINE_TOKENS for item in items)
+        return lines + sum(self.header_tokens[s] + SECTION_GAP_TOKENS for s in new)
+
+    def add(self, item: _Item) -> bool:
+        """Take `item` if it fits; a miss marks the context truncated but smaller items
+        after it may still fit."""
+        cost = self.cost([item])
+        if cost > self.left:
+            self.truncated = True
+            return False
+        self.left -= cost
+        self.opened.add(item.section)
+        self.chosen.append(item)
+        return True
+
+
+def _reserve_recent(budget: _Budget, recent: list[_Item], *, max_tokens: int) -> None:
+    """The latest turns go first. One pasted document must not eat the whole budget, so each
+    turn is cut to an eighth of it; if they still do not fit, the oldest go."""
+    cap = max(1, max_tokens // 8)
+    long = [item for item in recent if item.tokens > cap]
+    for item in long:
+        item.text = truncate_to_tokens(item.text, cap)
+    for item, tokens in zip(long, count_many([item.text for item in long]), strict=True):
+        item.tokens = tokens
+    if long:
+        budget.truncated = True
+    while recent and budget.cost(recent) > budget.left:
+        recent = recent[1:]
+        budget.truncated = True
+    for item in recent:
+        budget.add(item)
+
+
+def _render(
+    chosen: Sequence[_Item], header_tokens: dict[str, int]
+) -> tuple[str, list[Section], list[dict[str, Any]]]:
+    by_section: dict[str, list[_Item]] = {name: [] for name in SECTION_ORDER}
+    for item in chosen:
+        by_section[item.section].append(item)
+    # Found by relevance, read in time order: a conversation makes sense forwards.
+    by_section["relevant_turns"].sort(key=lambda item: (item.created_at, item.entry["id"]))
+    blocks, sections, included = [], [], []
+    for name, items in by_section.items():
+        if items:
+            blocks.append("\n".join([HEADERS[name], *(item.text for item in items)]))
+            sections.append(Section(name, header_tokens[name] + sum(i.tokens for i in items)))
+            included.extend(item.entry for item in items)
+    return "\n\n".join(blocks), sections, included
+
+
+def pack_context(
+    *,
+    pinned: Sequence[MemoryLine],
+    memories: Sequence[MemoryLine],
+    summary: str | None,
+    relevant_turns: Sequence[TurnLine],
+    recent_turns: Sequence[TurnLine],
+    max_tokens: int,
+    keep_recent: int = 6,
+    session_id: str | None = None,
+) -> PackedContext:
+    """The context for an agent's next call, never over `max_tokens` by our tokenizer.
+
+    `memories` and `relevant_turns` come best first, `recent_turns` oldest first; `session_id`
+    names the session `summary` belongs to. Every candidate line is counted once, in one batch.
+    """
+    if max_tokens < 0 or keep_recent < 0:
+        raise ValueError("max_tokens and keep_recent must not be negative")
+    window = list(recent_turns)[-keep_recent:] if keep_recent else []
+    recent = [_turn_item("recent_turns", turn) for turn in window]
+    pinned_items = [_memory_item("pinned", m) for m in pinned]
+    memory_items = [_memory_item("memories", m) for m in memories]
+    turn_items = [_turn_item("relevant_turns", t) for t in relevant_turns]
+    summary_items: list[_Item] = []
+    if summary and summary.strip():
+        entry = {"kind": "summary", "id": session_id}
+        summary_items.append(_Item("summary", summary.strip(), entry))
+
+    candidates = [*recent, *pinned_items, *memory_items, *turn_items, *summary_items]
+    counts = count_many([HEADERS[name] for name in SECTION_ORDER] + [i.text for i in candidates])
+    header_tokens = dict(zip(SECTION_ORDER, counts, strict=False))
+    for item, tokens in zip(candidates, counts[len(SECTION_ORDER):], strict=True):
+        item.tokens = tokens
+
+    budget = _Budget(max_tokens, header_tokens)
+    _reserve_recent(budget, recent, max_tokens=max_tokens)
+    seen = {(item.entry["kind"], item.entry["id"]) for item in budget.chosen}
+    for item in _unique(pinned_items, seen):
+        budget.add(item)
+    for item in _interleave(_unique(memory_items, seen), _unique(turn_items, seen)):
+        budget.add(item)
+    for item in summary_items:
+        budget.add(item)
+
+    context, sections, included = _render(budget.chosen, header_tokens)
+    while count_tokens(context) > max_tokens:  # only if the tokenizer stopped being additive
+        budget.chosen.pop()
+        budget.truncated = True
+        context, sections, included = _render(budget.chosen, header_tokens)
+    return PackedContext(context, sections, budget.truncated, included)
