@@ -558,7 +558,11 @@ def parameter_probes(doc: dict[str, Any]) -> list[Probe]:
                     option = variants(p["schema"], doc)[0]
                     samples[p["name"]] = SAMPLE_PATH_VALUES.get(
                         option.get("format", option["type"]), SAMPLE_PATH_VALUES[option["type"]])
+                    if not path.startswith("/v1/item"):  # only item ids may hold a slash
+                        samples[p["name"]] = samples[p["name"]].replace("%2F", "-")
             for p in parameters:
+                if p["in"] == "header":  # HTTP cannot carry a NUL in a header
+                    continue
                 bad: dict[str, Any] = {}
                 words: tuple[str, ...] = ()
                 if kind(p["schema"], doc) == "string":

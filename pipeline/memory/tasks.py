@@ -19,12 +19,14 @@ from pipeline.memory import memories
 from pipeline.memory.extraction.model import Decision, Proposal, Similar, Turn
 from pipeline.memory.memories import Author, NewMemory
 from pipeline.memory.scopes import Scope
+from pipeline.providers.chat import get_summarizer
 from pipeline.tasks import Deps, Task, Writer, cache_vectors, vectors_by_hash
 
 # Events an extract job reads at most; a longer backlog continues in the next job.
 EXTRACT_BATCH = 200
 SIMILAR_SHOWN = 5
 FORGET_BATCH = 500
+SUMMARY_TURNS = 200
 
 
 async def embed_memory(job: asyncpg.Record, deps: Deps) -> Writer:
@@ -124,6 +126,7 @@ async def extract(job: asyncpg.Record, deps: Deps) -> Writer:
     key = reindex.model_key(deps.settings)
     decider = get_decider(deps.settings)
     scope = Scope(session["user_id"], session["agent_id"])
+    summary = await _summary(deps, tenant_id, session_id) if rows else None
     planned: list[tuple[Proposal, Any, Decision, list[asyncpg.Record]]] = []
     for proposal, vector in zip(proposals, vectors, strict=True):
         found = await deps.pool.fetch(
@@ -154,7 +157,8 @@ async def extract(job: asyncpg.Record, deps: Deps) -> Writer:
                 await conn.execute(Q["operations.insert_decisions"], tenant_id, op, position,
                                    *record.values())
         if rows:
-            await conn.execute(Q["extract.advance"], tenant_id, session_id, rows[-1]["seq"])
+            await conn.execute(Q["extract.advance"], tenant_id, session_id, rows[-1]["seq"],
+                               summary)
         if len(rows) == EXTRACT_BATCH:
             return follow_ups + await _handover(conn, job, deps, 0.0,
                                                 {"session_id": session_id, "now": True})
@@ -162,6 +166,14 @@ async def extract(job: asyncpg.Record, deps: Deps) -> Writer:
         return follow_ups
 
     return write
+
+
+async def _summary(deps: Deps, tenant_id: int, session_id: str) -> str | None:
+    """The session's summary for its context, by the configured summarizer (extractive and
+    offline by default) over its latest turns."""
+    turns = await deps.pool.fetch(Q["events.recent"], tenant_id, session_id, SUMMARY_TURNS)
+    text = "\n".join(f"{r['sender_name'] or r['role']}: {r['content']}" for r in turns)
+    return await get_summarizer(deps.settings).summarize(text) if text.strip() else None
 
 
 async def _apply(conn: asyncpg.Connection, deps: Deps, tenant_id: int, session: asyncpg.Record,

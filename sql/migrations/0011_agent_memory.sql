@@ -1,3 +1,8 @@
+-- No vector index on events or memories: a search ranks exactly the rows its reader may see
+-- (one user's memories and conversations, a few thousand rows, found through the scope
+-- indexes below), which an HNSW scan filtered to so few rows of a large tenant would miss, and
+-- every insert would pay for (pipeline/memory/recall.py).
+--
 -- Agent memory: sessions of events (what was said), memories (what was learned), the history
 -- of every change to a memory, and operations (the outcome of background work a caller can
 -- look up). Memories and events are not items: they carry scope columns that no update may
@@ -85,7 +90,7 @@ CREATE INDEX events_session ON events (tenant_id, session_id, created_at, seq);
 CREATE INDEX events_user ON events (tenant_id, user_id, seq);
 CREATE INDEX events_agent ON events (tenant_id, agent_id, seq);
 CREATE INDEX events_tsv ON events USING gin (tsv);
-CREATE INDEX events_embedding ON events USING hnsw (embedding vector_cosine_ops);
+CREATE INDEX events_tenant_wide ON events (tenant_id) WHERE visibility = 'tenant';
 CREATE INDEX events_trace ON events (tenant_id, trace_id) WHERE trace_id IS NOT NULL;
 CREATE INDEX events_unembedded ON events (tenant_id, seq) WHERE embedding IS NULL;
 
@@ -136,7 +141,6 @@ CREATE INDEX memories_agent ON memories (tenant_id, agent_id, created_at);
 CREATE INDEX memories_session ON memories (tenant_id, session_id) WHERE session_id IS NOT NULL;
 CREATE INDEX memories_tenant_wide ON memories (tenant_id) WHERE visibility = 'tenant';
 CREATE INDEX memories_tsv ON memories USING gin (tsv);
-CREATE INDEX memories_embedding ON memories USING hnsw (embedding vector_cosine_ops);
 
 -- Scope is written once. Not a CHECK of the API's: a trigger, so that no UPDATE anywhere can
 -- move a row into another user's, agent's or session's scope.

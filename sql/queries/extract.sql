@@ -23,4 +23,5 @@ FROM sessions WHERE tenant_id = $1 AND id = $2;
 SELECT extracted_seq FROM sessions WHERE tenant_id = $1 AND id = $2 FOR UPDATE;
 
 -- name: advance
-UPDATE sessions SET extracted_seq = $3 WHERE tenant_id = $1 AND id = $2;
+UPDATE sessions SET extracted_seq = $3, summary = coalesce($4, summary)
+WHERE tenant_id = $1 AND id = $2;
