@@ -5,6 +5,7 @@ an unknown field, a wrong type or an id with whitespace is a 422 naming the fiel
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
@@ -31,9 +32,23 @@ ScopeId = Annotated[SafeStr, AfterValidator(_scope_id)]
 """A user, agent, session or event id: 1-256 characters, no whitespace or control characters."""
 
 
+def _session_id(value: str) -> str:
+    # A session is addressed by its id as one path segment (/v1/sessions/{id}/events), and a
+    # server decodes %2F before routing: an id with a slash could never be reached.
+    if "/" in value:
+        raise PydanticCustomError("session_id", "must not contain '/'")
+    return value
+
+
+SessionIdText = Annotated[ScopeId, AfterValidator(_session_id)]
+
+
 def _storable_json(value: Any, depth: int = 0) -> None:
     if depth > 16:
         raise PydanticCustomError("json_depth", "must not nest deeper than 16 levels")
+    if isinstance(value, float) and not math.isfinite(value):
+        # Python's JSON reader takes NaN and Infinity; JSON and Postgres' jsonb do not.
+        raise PydanticCustomError("number_finite", "must not hold NaN or Infinity")
     if isinstance(value, str):
         if "\x00" in value:
             raise PydanticCustomError("string_nul", "must not contain the NUL character (\\u0000)")
@@ -60,9 +75,16 @@ def _metadata(value: dict[str, Any]) -> dict[str, Any]:
 
 
 Metadata = Annotated[dict[str, Any], AfterValidator(_metadata)]
-Content = Annotated[SafeStr, Field(min_length=1, max_length=MAX_CONTENT_CHARS)]
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise PydanticCustomError("blank", "must not be empty or only whitespace")
+    return value
+
+
+Content = Annotated[SafeStr, Field(min_length=1, max_length=MAX_CONTENT_CHARS),
+                    AfterValidator(_not_blank)]
 Visibility = Literal["private", "user", "tenant"]
-Confidence = Annotated[float, Field(ge=0, le=1, strict=False)]
+Confidence = Annotated[float, Field(ge=0, le=1)]
 Version = json_int(ge=1, le=2**31 - 1)
 
 
@@ -76,7 +98,7 @@ class ScopeIn(Strict):
 class ScopeFilter(ScopeIn):
     """What a delete by scope removes: every memory whose scope has these values."""
 
-    session_id: ScopeId | None = None
+    session_id: SessionIdText | None = None
 
     @model_validator(mode="after")
     def _not_empty(self) -> ScopeFilter:
@@ -87,7 +109,7 @@ class ScopeFilter(ScopeIn):
 
 
 class EventRef(Strict):
-    session_id: ScopeId
+    session_id: SessionIdText
     event_id: ScopeId
 
 
@@ -104,7 +126,7 @@ class MemoryCreate(Strict):
                                                                    max_length=20)
     pinned: StrictBool = False
     observed_at: IsoTime | None = None
-    session_id: ScopeId | None = None
+    session_id: SessionIdText | None = None
     source_events: list[EventRef] = Field(default_factory=list, max_length=100)
 
 
@@ -219,7 +241,7 @@ class RecallSearch(Strict):
     offset: json_int(ge=0, le=10_000) = 0  # type: ignore[valid-type]
     include_events: StrictBool = False
     include_memories: StrictBool = True
-    session_id: ScopeId | None = None
+    session_id: SessionIdText | None = None
     types: list[SafeStr] | None = Field(default=None, max_length=50)
     valid_only: StrictBool = True
     as_of: IsoTime | None = Field(default=None, description=(
@@ -234,6 +256,7 @@ class RecallScores(BaseModel):
     fts: float | None
     relevance: float
     names_person: bool
+    names_time: bool
 
 
 class RecallHit(BaseModel):
@@ -369,7 +392,7 @@ class ExtractRequest(Strict):
 
 class ContextRequest(Strict):
     scope: ScopeIn
-    session_id: ScopeId | None = None
+    session_id: SessionIdText | None = None
     query: SafeStr | None = Field(default=None, min_length=1, max_length=2000, description=(
         "Default: the session's latest user turns."))
     max_tokens: json_int(ge=16, le=100_000) = 1000  # type: ignore[valid-type]

@@ -60,6 +60,8 @@ EXTRA_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/memories/{memory_id}/invalidate"): (409,),
     ("delete", "/v1/memories/{memory_id}"): (409,),
     ("post", "/v1/sessions/{session_id}/events"): (409,),
+    # The session named is not one the scope may read.
+    ("post", "/v1/context"): (404,),
 }
 # Health checks answer 503 with the same body as their 200, saying what is missing.
 UNHEALTHY = {

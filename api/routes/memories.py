@@ -4,8 +4,9 @@ as a job), history, search, and the tenant's memory types."""
 from __future__ import annotations
 
 import base64
+import re
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response
@@ -66,7 +67,7 @@ def expected(body_version: int | None, if_match: str | None, *, required: bool) 
     """The version a change was made from: the body's `expected_version` or If-Match."""
     if if_match is not None:
         text = if_match.strip().removeprefix("W/").strip('"')
-        if not text.isdigit() or len(text) > 9:
+        if not re.fullmatch(r"[0-9]{1,9}", text):
             raise BadInput(f"If-Match: {if_match!r} is not a version number (send \"3\")")
         if body_version is not None and int(text) != body_version:
             raise BadInput("If-Match and expected_version name different versions")
@@ -124,10 +125,23 @@ def _cursor(row: Any) -> str:
     return base64.urlsafe_b64encode(text.encode()).decode()
 
 
+def cursor_time(text: str) -> datetime:
+    """A time read back from a cursor: one this API wrote, or a 422 (never a time the
+    database cannot take)."""
+    try:
+        at = datetime.fromisoformat(text)
+        if at.tzinfo is None:
+            raise ValueError(text)
+        at.astimezone(UTC)
+    except (ValueError, OverflowError):
+        raise BadInput("cursor: not a cursor this API gave out") from None
+    return at
+
+
 def _read_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
     try:
         at, _, ident = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
-        return datetime.fromisoformat(at), uuid.UUID(ident)
+        return cursor_time(at), uuid.UUID(ident)
     except ValueError:
         raise BadInput("cursor: not a cursor this API gave out") from None
 
@@ -136,14 +150,16 @@ def _read_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
 async def list_memories(
     principal: CurrentPrincipal, pool: PoolDep,
     user_id: ScopeId | None = None, agent_id: ScopeId | None = None,
-    type: Annotated[list[SafeStr] | None, Query(max_length=50)] = None,
+    type: Annotated[list[SafeStr], Query(max_length=50, description=(
+        "Only these types (repeat the parameter for several)."))] = [],  # noqa: B006
     valid_only: bool = True,
     cursor: Annotated[SafeStr | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> MemoriesPage:
     """The memories the scope may read, newest first, a page at a time."""
     after = _read_cursor(cursor) if cursor else (None, None)
-    rows = await pool.fetch(Q["memories.list"], principal.tenant_id, user_id, agent_id, type,
+    rows = await pool.fetch(Q["memories.list"], principal.tenant_id, user_id, agent_id,
+                            type or None,
                             valid_only, after[0], after[1], limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]

@@ -4,6 +4,7 @@ a time, a trace's span tree, delete a session, extract it now; and operations.""
 from __future__ import annotations
 
 import base64
+import re
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -22,13 +23,14 @@ from api.memory_schemas import (
     OperationPublic,
     ScopeId,
     SessionDeleted,
+    SessionIdText,
     SessionPublic,
     SessionsPage,
     SpanNode,
     TraceTree,
     WaitSeconds,
 )
-from api.routes.memories import scope_of
+from api.routes.memories import cursor_time, scope_of
 from api.schemas import QueryTime, SafeStr
 from pipeline import jobs
 from pipeline.db import Q
@@ -37,7 +39,8 @@ from pipeline.memory import events, extraction_schedule, operations
 from pipeline.memory.scopes import Scope, can_read
 
 router = APIRouter(tags=["sessions"])
-SessionId = Annotated[ScopeId, Path(description="The caller's session id, unique per tenant.")]
+SessionId = Annotated[SessionIdText, Path(
+    description="The caller's session id, unique per tenant (no `/`).")]
 
 
 def _event(row: Any) -> EventPublic:
@@ -62,13 +65,6 @@ def _decode(cursor: str, count: int) -> list[str]:
     if len(parts) != count:
         raise BadInput("cursor: not a cursor this API gave out")
     return parts
-
-
-def _time(text: str) -> datetime:
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        raise BadInput("cursor: not a cursor this API gave out") from None
 
 
 async def _visible_session(pool: Any, tenant_id: int, session_id: str, reader: Scope) -> Any:
@@ -121,14 +117,17 @@ async def list_sessions(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> SessionsPage:
     """Sessions the scope may read, most recently written first."""
-    before = _time(_decode(cursor, 1)[0]) if cursor else None
+    before_at, before_id = None, None
+    if cursor:
+        at, before_id = _decode(cursor, 2)
+        before_at = cursor_time(at)
     rows = await pool.fetch(Q["events.list_sessions"], principal.tenant_id, user_id, agent_id,
-                            before, limit + 1)
+                            before_at, before_id, limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
     return SessionsPage(data=[_session(r) for r in rows],
-                        next_cursor=_encode(rows[-1]["last_write_at"].isoformat())
-                        if more else None)
+                        next_cursor=_encode(rows[-1]["last_write_at"].isoformat(),
+                                            rows[-1]["id"]) if more else None)
 
 
 @router.get("/v1/sessions/{session_id}", response_model=SessionPublic)
@@ -153,9 +152,9 @@ async def session_events(
     after_at, after_seq = None, None
     if cursor:
         at, seq = _decode(cursor, 2)
-        if not seq.isdigit():
+        if not re.fullmatch(r"[0-9]{1,18}", seq):
             raise BadInput("cursor: not a cursor this API gave out")
-        after_at, after_seq = _time(at), int(seq)
+        after_at, after_seq = cursor_time(at), int(seq)
     rows = await pool.fetch(Q["events.page"], principal.tenant_id, session_id, since, after_at,
                             after_seq, limit + 1)
     more = len(rows) > limit

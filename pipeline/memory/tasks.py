@@ -26,6 +26,7 @@ from pipeline.tasks import Deps, Task, Writer, cache_vectors, vectors_by_hash
 EXTRACT_BATCH = 200
 SIMILAR_SHOWN = 5
 FORGET_BATCH = 500
+FORGET_ROUNDS = 3
 SUMMARY_TURNS = 200
 
 
@@ -243,15 +244,21 @@ async def forget(job: asyncpg.Record, deps: Deps) -> Writer:
     if not any(args):
         raise PermanentError("a delete by scope needs a user_id, agent_id or session_id")
     deleted = batches = 0
-    while True:
-        async with deps.pool.acquire() as conn, conn.transaction():
-            gone = await conn.fetch(Q["memories.delete_scope_batch"], tenant_id, *args,
-                                    FORGET_BATCH)
-        deleted += len(gone)
-        batches += 1
-        if len(gone) < FORGET_BATCH:
+    remaining = 1
+    # A memory written into the scope while the delete runs is deleted too, a few rounds over;
+    # one that keeps arriving after that is counted in `remaining`.
+    for _ in range(FORGET_ROUNDS):
+        while True:
+            async with deps.pool.acquire() as conn, conn.transaction():
+                gone = await conn.fetch(Q["memories.delete_scope_batch"], tenant_id, *args,
+                                        FORGET_BATCH)
+            deleted += len(gone)
+            batches += 1
+            if len(gone) < FORGET_BATCH:
+                break
+        remaining = await deps.pool.fetchval(Q["memories.count_scope"], tenant_id, *args)
+        if remaining == 0:
             break
-    remaining = await deps.pool.fetchval(Q["memories.count_scope"], tenant_id, *args)
 
     async def write(conn: asyncpg.Connection) -> None:
         await conn.execute(Q["operations.finish"], job["id"], {

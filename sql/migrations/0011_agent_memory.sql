@@ -109,7 +109,7 @@ CREATE TABLE memories (
     visibility     text NOT NULL CHECK (visibility IN ('private', 'user', 'tenant')),
     type           text NOT NULL,
     content        text NOT NULL,
-    confidence     real NOT NULL DEFAULT 0.8 CHECK (confidence >= 0 AND confidence <= 1),
+    confidence     double precision NOT NULL DEFAULT 0.8 CHECK (confidence >= 0 AND confidence <= 1),
     source         text,
     metadata       jsonb NOT NULL DEFAULT '{}'::jsonb,
     hints          text[] NOT NULL DEFAULT '{}',
@@ -212,8 +212,8 @@ CREATE TABLE operation_decisions (
     action        text NOT NULL CHECK (action IN ('ADD', 'UPDATE', 'SUPERSEDE', 'NOOP_DUPLICATE')),
     reason        text NOT NULL,
     type          text NOT NULL,
-    confidence    real NOT NULL,
-    similarity    real,
+    confidence    double precision NOT NULL,
+    similarity    double precision,
     memory_id     uuid,
     target_id     uuid,
     old_content   text,
@@ -231,15 +231,18 @@ CREATE UNIQUE INDEX jobs_one_extract_queued ON jobs (tenant_id, (payload ->> 'se
 
 -- Whether a reader (a user and/or an agent, either may be NULL) may see a row of this scope:
 -- the one definition of the visibility rule, for memories, events and sessions alike. It is
--- a single expression, so Postgres inlines it and its tests reach the indexes.
+-- a single expression, so Postgres inlines it and its tests reach the indexes; every
+-- comparison is guarded, so it answers true or false, never NULL (a NOT of it stays right).
 CREATE FUNCTION scope_visible(
     visibility text, user_id text, agent_id text, reader_user text, reader_agent text
 ) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN visibility = 'tenant'
-    OR (visibility = 'user' AND user_id = reader_user)
-    OR (visibility = 'private' AND agent_id = reader_agent
-        AND (user_id IS NULL OR user_id = reader_user));
+    OR (visibility = 'user' AND user_id IS NOT NULL AND reader_user IS NOT NULL
+        AND user_id = reader_user)
+    OR (visibility = 'private' AND agent_id IS NOT NULL AND reader_agent IS NOT NULL
+        AND agent_id = reader_agent
+        AND (user_id IS NULL OR (reader_user IS NOT NULL AND user_id = reader_user)));
 
 -- Text as lowercase words separated by single spaces, for matching a name as whole words:
 -- ' ' || words_of(query) || ' ' holds ' ' || words_of(name) || ' ' when the query names them.

@@ -46,14 +46,14 @@ FROM sessions s
 WHERE s.tenant_id = $1 AND s.id = $2
   AND scope_visible(s.visibility, s.user_id, s.agent_id, $3, $4);
 
--- Sessions a reader may see, most recently written first; $5 a user to narrow to.
+-- Sessions a reader may see, most recently written first, after the cursor ($4, $5).
 -- name: list_sessions
 SELECT s.*, 0::bigint AS unembedded
 FROM sessions s
 WHERE s.tenant_id = $1 AND scope_visible(s.visibility, s.user_id, s.agent_id, $2, $3)
-  AND ($4::timestamptz IS NULL OR s.last_write_at < $4)
-ORDER BY s.last_write_at DESC, s.id
-LIMIT $5;
+  AND ($4::timestamptz IS NULL OR (s.last_write_at, s.id) < ($4, $5::text))
+ORDER BY s.last_write_at DESC, s.id DESC
+LIMIT $6;
 
 -- A page of a session's events in order, after the cursor (created_at, seq).
 -- name: page

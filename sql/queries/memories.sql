@@ -106,13 +106,14 @@ UPDATE memories SET access_count = access_count + 1, accessed_at = now()
 WHERE tenant_id = $1 AND id = ANY ($2::uuid[]);
 
 -- Deleting by scope, a batch at a time: rows go with their history (cascade); their vectors
--- and text index entries go with the rows.
+-- and text index entries go with the rows. A row another transaction holds (its embedding
+-- being written) is waited for, not skipped: a delete of a user's data leaves nothing behind.
 -- name: delete_scope_batch
 DELETE FROM memories WHERE (tenant_id, id) IN (
     SELECT tenant_id, id FROM memories
     WHERE tenant_id = $1 AND ($2::text IS NULL OR user_id = $2)
       AND ($3::text IS NULL OR agent_id = $3) AND ($4::text IS NULL OR session_id = $4)
-    LIMIT $5 FOR UPDATE SKIP LOCKED)
+    LIMIT $5 FOR UPDATE)
 RETURNING id;
 
 -- name: count_scope
