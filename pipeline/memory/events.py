@@ -19,13 +19,11 @@ from pipeline.errors import Conflict
 from pipeline.items import content_hash
 from pipeline.jobs import JobRef, JobSpec
 from pipeline.memory import extraction_schedule, operations
-from pipeline.memory.indexing import Neighbour, event_texts
+from pipeline.memory.indexing import CONTEXT_TURNS, Neighbour, event_texts
 from pipeline.memory.scopes import Scope, visibility_for
 from pipeline.settings import Settings
 
 MAX_EVENTS_PER_CALL = 500
-# How many earlier turns of the session an event's indexed text may draw on.
-CONTEXT_TURNS = 2
 
 
 @dataclass(frozen=True)

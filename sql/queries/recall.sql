@@ -7,14 +7,15 @@
 -- or common for this reader's memory, not for the tenant's. The scores are fused as the
 -- document search's 'score' fusion does (search_fused, migration 0005), and lifted by the
 -- signals the design adds (pipeline/memory/recall.py says why each is general):
--- - people: a row spoken by (or about) a person the query names;
--- - neighbours: an event takes a share of the best score of the turns next to it in its
---   session, so an answer whose question matched is found with it.
+-- - people: a row spoken by (or, for a memory, naming) a person the query names;
+-- - time: a row of a month or year the query names;
+-- - session: an event takes a share of the best relevance in its session.
 --
 -- $1 tenant, $2 query text, $3 query vector, $4 reader user, $5 reader agent, $6 memories?,
 -- $7 events?, $8 session filter, $9 types, $10 valid only, $11 as of, $12 min confidence,
 -- $13 after, $14 before, $15 alpha, $16 embedder key, $17 use vectors, $18 the query's words (words_of, with a space
--- on either side), $19 people weight, $20 neighbour weight, $21 limit, $22 offset.
+-- on either side), $19 people lift, $20 session share, $21 limit, $22 offset, $23 months the
+-- query names, $24 years it names, $25 time lift.
 -- name: search
 WITH terms AS (
     SELECT DISTINCT u.lexeme FROM unnest(to_tsvector('english', $2)) u
@@ -26,7 +27,8 @@ mem AS MATERIALIZED (
     SELECT 'memory'::text AS kind, m.id::text AS id, m.id AS mid, NULL::text AS session_id,
            NULL::text AS event_id, NULL::bigint AS seq, m.tsv, m.terms,
            CASE WHEN $17 AND m.embedding_model = $16 THEN 1 - (m.embedding <=> $3) END AS vector_score,
-           ' ' || words_of(m.content) || ' ' AS words, NULL::text AS sender
+           ' ' || words_of(m.content) || ' ' AS words, NULL::text AS sender,
+           coalesce(m.observed_at, m.created_at) AT TIME ZONE 'UTC' AS at
     FROM memories m
     WHERE $6 AND m.tenant_id = $1
       AND scope_visible(m.visibility, m.user_id, m.agent_id, $4, $5)
@@ -34,7 +36,7 @@ mem AS MATERIALIZED (
       AND ($9::text[] IS NULL OR m.type = ANY ($9))
       AND (NOT $10 OR m.valid_until IS NULL OR m.valid_until > coalesce($11, now()))
       AND ($11::timestamptz IS NULL OR m.created_at <= $11)
-      AND ($12::real IS NULL OR m.confidence >= $12)
+      AND ($12::float8 IS NULL OR m.confidence >= $12)
       AND ($13::timestamptz IS NULL OR coalesce(m.observed_at, m.created_at) >= $13)
       AND ($14::timestamptz IS NULL OR coalesce(m.observed_at, m.created_at) < $14)
 ),
@@ -43,7 +45,8 @@ ev AS MATERIALIZED (
            e.session_id,
            e.event_id, e.seq, e.tsv, e.terms,
            CASE WHEN $17 AND e.embedding_model = $16 THEN 1 - (e.embedding <=> $3) END AS vector_score,
-           NULL::text AS words, ' ' || words_of(e.sender_name) || ' ' AS sender
+           NULL::text AS words, ' ' || words_of(e.sender_name) || ' ' AS sender,
+           e.created_at AT TIME ZONE 'UTC' AS at
     FROM events e
     WHERE $7 AND e.tenant_id = $1
       AND scope_visible(e.visibility, e.user_id, e.agent_id, $4, $5)
@@ -76,28 +79,32 @@ scored AS (
                 ELSE 0 END AS fts_score,
            (r.sender IN (SELECT sender FROM named)
             OR EXISTS (SELECT 1 FROM named n WHERE position(n.sender IN r.words) > 0))
-               AS names_person
+               AS names_person,
+           (($23::int[] IS NOT NULL OR $24::int[] IS NOT NULL)
+            AND ($23::int[] IS NULL OR extract(month FROM r.at)::int = ANY ($23))
+            AND ($24::int[] IS NULL OR extract(year FROM r.at)::int = ANY ($24))) AS names_time
     FROM rows r
 ),
 fused AS (
     SELECT s.*,
            search_fused('score', $15, 60, s.vector_score, max(s.vector_score) OVER (),
                         NULL, NULL, s.fts_score, max(s.fts_score) OVER (), NULL, NULL)
-           + CASE WHEN s.names_person THEN $19 ELSE 0 END AS relevance
+           * CASE WHEN s.names_person THEN 1 + $19 ELSE 1 END
+           * CASE WHEN s.names_time THEN 1 + $25 ELSE 1 END AS relevance
     FROM scored s
 ),
 lifted AS (
     SELECT f.*,
-           f.relevance + CASE WHEN f.kind = 'event' THEN $20 * coalesce(greatest(
-               lag(f.relevance) OVER turns, lead(f.relevance) OVER turns), 0) ELSE 0 END
-               AS score
+           f.relevance + CASE WHEN f.kind = 'event'
+                              THEN $20 * max(f.relevance) OVER (PARTITION BY f.kind, f.session_id)
+                              ELSE 0 END AS score
     FROM fused f
-    WINDOW turns AS (PARTITION BY f.kind, f.session_id ORDER BY f.seq)
 ),
 page AS (
     SELECT * FROM lifted ORDER BY score DESC, kind, id LIMIT $21 OFFSET $22
 )
 SELECT p.kind, p.id, p.score, p.relevance, p.vector_score, p.fts_score, p.names_person,
+       p.names_time,
        m.id AS memory_id, m.type, m.content AS memory_content, m.confidence, m.observed_at,
        m.valid_until, m.source_events, m.version, m.user_id AS memory_user,
        m.agent_id AS memory_agent, m.visibility AS memory_visibility, m.pinned,
