@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from memmill.client import ApiError, Client
+from memmill.memory_cli import context, memory_app, sessions_app
 from memmill.ops import dead_app, jobs_app
 from memmill.runtime import read_local_key, read_runtime
 from pipeline.settings import Settings
@@ -213,9 +214,9 @@ def _no_instance(data_dir: Path) -> NoReturn:
 
 
 def _group_options(ctx: typer.Context, data_dir: ClientDataDirOpt = None) -> None:
-    """Gives the jobs and dead-letters groups `--data-dir`; their commands (memmill/ops.py)
-    reach make_client without it, so the value travels in a context variable, reset when the
-    command's context closes."""
+    """Gives the jobs, dead-letters, memory and sessions groups `--data-dir`; their commands
+    (memmill/ops.py, memmill/memory_cli.py) may reach make_client without it, so the value
+    travels in a context variable, reset when the command's context closes."""
     token = _group_data_dir.set(data_dir)
     ctx.call_on_close(lambda: _group_data_dir.reset(token))
 
@@ -514,6 +515,9 @@ def ingest(
 
 app.add_typer(jobs_app, name="jobs", callback=_group_options)
 app.add_typer(dead_app, name="dead-letters", callback=_group_options)
+app.add_typer(memory_app, name="memory", callback=_group_options)
+app.add_typer(sessions_app, name="sessions", callback=_group_options)
+app.command("context")(context)
 
 
 @app.command()

@@ -50,6 +50,8 @@ class Client:
             except ValueError:
                 detail = response.text
             raise ApiError(response.status_code, str(detail))
+        if response.status_code == 204 or not response.content:
+            return None
         return response.json()
 
     def put(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -106,3 +108,53 @@ class Client:
         if dead_letter_id is not None:
             return self._call("POST", f"/v1/dead-letters/{dead_letter_id}/replay")
         return self._call("POST", "/v1/dead-letters/replay", json=body)
+
+    # agent memory ------------------------------------------------------------------------
+
+    def add_memory(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/memories", json=body)
+
+    def search_memories(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/memories/search", json=body)
+
+    def memory(self, memory_id: str, scope: dict[str, str]) -> dict[str, Any]:
+        return self._call("GET", f"/v1/memories/{id_segment(memory_id)}", params=scope)
+
+    def memory_history(self, memory_id: str, scope: dict[str, str]) -> dict[str, Any]:
+        return self._call("GET", f"/v1/memories/{id_segment(memory_id)}/history", params=scope)
+
+    def invalidate_memory(self, memory_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", f"/v1/memories/{id_segment(memory_id)}/invalidate", json=body)
+
+    def delete_memory(self, memory_id: str, scope: dict[str, str], *,
+                      version: int | None = None) -> None:
+        """Deletes one memory; with `version`, only if it is still that version (If-Match)."""
+        headers = {"If-Match": f'"{version}"'} if version is not None else None
+        self._call("DELETE", f"/v1/memories/{id_segment(memory_id)}", params=scope,
+                   headers=headers)
+
+    def delete_scope(self, scope: dict[str, str]) -> dict[str, Any]:
+        return self._call("POST", "/v1/memories/delete", json={"scope": scope})
+
+    def operation(self, operation_id: str, scope: dict[str, str] | None = None, *,
+                  wait_s: float | None = None) -> dict[str, Any]:
+        """An operation; with `wait_s` (at most 60) the server answers once it finished or
+        when that time ran out, whichever comes first."""
+        params: dict[str, Any] = dict(scope or {})
+        if wait_s:
+            params["wait"] = wait_s
+        return self._call("GET", f"/v1/operations/{id_segment(operation_id)}", params=params)
+
+    def sessions(self, params: dict[str, Any]) -> dict[str, Any]:
+        return self._call("GET", "/v1/sessions",
+                          params={k: v for k, v in params.items() if v is not None})
+
+    def session(self, session_id: str, scope: dict[str, str]) -> dict[str, Any]:
+        return self._call("GET", f"/v1/sessions/{id_segment(session_id)}", params=scope)
+
+    def session_events(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
+        return self._call("GET", f"/v1/sessions/{id_segment(session_id)}/events",
+                          params={k: v for k, v in params.items() if v is not None})
+
+    def context(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/context", json=body)
