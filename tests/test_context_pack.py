@@ -140,8 +140,9 @@ def test_dates_speakers_and_chronology_are_rendered() -> None:
     # Chosen by relevance, shown in time order; no sender name falls back to the role.
     turns = lines[lines.index("## Relevant past turns") + 1:]
     assert turns == [
-        "[2023-05-08 14:06] user: Late and long",
-        "[2023-05-08 14:26] Caroline: I went hiking on trail 3 with Mel.",
+        "On 8 May 2023:",
+        "user: Late and long",
+        "Caroline: I went hiking on trail 3 with Mel.",
     ]
     assert packed.included[0]["source_events"] == [{"session_id": "s0", "event_id": "e1"}]
     assert packed.included[2] == {"kind": "event", "id": "s0/e1", "session_id": "s0",
