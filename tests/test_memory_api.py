@@ -187,3 +187,29 @@ async def test_many_writes_wait(api_url: str, tenant: tuple[int, str]) -> None:
                 {"event_id": "x", "role": "user", "content": "hello there"}]})
             for i in range(5)))
         assert all(r.status_code == 202 for r in results)
+
+
+async def test_a_query_naming_a_speaker_lifts_their_turns(
+        api_url: str, tenant: tuple[int, str], settings: Settings, pool: asyncpg.Pool) -> None:
+    scope = {"user_id": "u9"}
+    async with client(api_url, tenant[1]) as c:
+        await c.post("/v1/sessions/talk/events", json={"scope": scope, "events": [
+            {"event_id": "1", "role": "user", "sender_name": "Jon",
+             "content": "I painted a lake at sunrise.", "created_at": "2023-05-08T10:00:00Z"},
+            {"event_id": "2", "role": "user", "sender_name": "Gina",
+             "content": "I painted a lake at sunset.", "created_at": "2023-05-08T10:01:00Z"},
+            {"event_id": "3", "role": "system",
+             "content": "A painting of a lake was shared.", "created_at": "2023-06-08T10:02:00Z"},
+        ]})
+        await drain(settings, pool)
+        for who in ("Jon", "Gina"):
+            found = (await c.post("/v1/memories/search", json={
+                "query": f"What lake did {who} paint?", "scope": scope, "limit": 3,
+                "include_events": True, "include_memories": False})).json()["results"]
+            assert found[0]["sender_name"] == who, found
+            assert found[0]["scores"]["names_person"] is True
+            assert [r["scores"]["names_person"] for r in found[1:]] == [False, False]
+        in_june = (await c.post("/v1/memories/search", json={
+            "query": "lake painting in June 2023", "scope": scope, "limit": 1,
+            "include_events": True, "include_memories": False})).json()["results"]
+        assert in_june[0]["event_id"] == "3" and in_june[0]["scores"]["names_time"] is True

@@ -77,9 +77,9 @@ scored AS (
     SELECT r.kind, r.id, r.mid, r.session_id, r.event_id, r.seq, r.vector_score,
            CASE WHEN r.tsv @@ (SELECT any_word FROM q) THEN -(r.terms <#> (SELECT w FROM weights))
                 ELSE 0 END AS fts_score,
-           (r.sender IN (SELECT sender FROM named)
-            OR EXISTS (SELECT 1 FROM named n WHERE position(n.sender IN r.words) > 0))
-               AS names_person,
+           coalesce(r.sender IN (SELECT sender FROM named)
+                    OR EXISTS (SELECT 1 FROM named n WHERE position(n.sender IN r.words) > 0),
+                    false) AS names_person,
            (($23::int[] IS NOT NULL OR $24::int[] IS NOT NULL)
             AND ($23::int[] IS NULL OR extract(month FROM r.at)::int = ANY ($23))
             AND ($24::int[] IS NULL OR extract(year FROM r.at)::int = ANY ($24))) AS names_time
