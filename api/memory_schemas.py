@@ -229,6 +229,8 @@ class ScopedDelete(Strict):
 class OperationAccepted(BaseModel):
     operation_id: UUID
     status: str
+    operation: OperationPublic | None = Field(default=None, description=(
+        "With ?wait=: the operation as it stood when the wait ended."))
 
 
 # search ------------------------------------------------------------------------------------

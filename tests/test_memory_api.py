@@ -213,3 +213,20 @@ async def test_a_query_naming_a_speaker_lifts_their_turns(
             "query": "lake painting in June 2023", "scope": scope, "limit": 1,
             "include_events": True, "include_memories": False})).json()["results"]
         assert in_june[0]["event_id"] == "3" and in_june[0]["scores"]["names_time"] is True
+
+
+async def test_wait_returns_the_operation_as_it_stands(
+        api_url: str, tenant: tuple[int, str], settings: Settings, pool: asyncpg.Pool) -> None:
+    async with client(api_url, tenant[1]) as c:
+        await add(c, "Dora keeps bees", scope={"user_id": "dora"})
+        # No worker runs during the wait: it ends at its timeout with the operation pending.
+        r = await c.post("/v1/memories/delete", params={"wait": 0.3},
+                         json={"scope": {"user_id": "dora"}})
+        assert r.status_code == 202
+        assert r.json()["status"] == "pending" and r.json()["operation"]["kind"] == "forget"
+        await drain(settings, pool)
+        done = await c.get(f"/v1/operations/{r.json()['operation_id']}", params={"wait": 1})
+        assert done.json()["status"] == "done" and done.json()["result"]["deleted"] == 1
+        too_long = await c.post("/v1/memories/delete", params={"wait": 61},
+                                json={"scope": {"user_id": "dora"}})
+        assert too_long.status_code == 422 and "wait" in too_long.json()["detail"]

@@ -25,11 +25,13 @@ from api.memory_schemas import (
     MemoryUpdate,
     MemoryWritten,
     OperationAccepted,
+    OperationPublic,
     RecallResults,
     RecallSearch,
     ScopedDelete,
     ScopeId,
     ScopeIn,
+    WaitSeconds,
 )
 from api.schemas import SafeStr
 from pipeline import jobs
@@ -42,6 +44,8 @@ from pipeline.memory.scopes import Scope
 from pipeline.tenants import Principal
 
 router = APIRouter(tags=["memories"])
+WaitQuery = Annotated[WaitSeconds | None, Query(description=(
+    "Seconds to wait for the operation to finish before answering."))]
 IfMatch = Annotated[str | None, Header(alias="If-Match", description=(
     "The version the change was made from, as the ETag of a read gave it (\"3\" or 3)."))]
 
@@ -245,7 +249,8 @@ async def memory_history(memory_id: uuid.UUID, principal: CurrentPrincipal, pool
 
 @router.post("/v1/memories/delete", status_code=202, response_model=OperationAccepted)
 async def delete_by_scope(body: ScopedDelete, principal: CurrentPrincipal, pool: PoolDep,
-                          queue: QueueDep, settings: SettingsDep) -> OperationAccepted:
+                          queue: QueueDep, settings: SettingsDep,
+                          wait: WaitQuery = None) -> OperationAccepted:
     """Delete every memory of a scope (a non-empty one: an empty scope is refused) as a job,
     a batch per transaction, then count again; the operation reports the counts."""
     scope = body.scope.model_dump(exclude_none=True)
@@ -257,7 +262,19 @@ async def delete_by_scope(body: ScopedDelete, principal: CurrentPrincipal, pool:
         op = await operations.create(conn, tenant_id=principal.tenant_id, kind="forget",
                                      job_id=rows[0]["id"], key_id=principal.key_id, scope=scope)
     await jobs.enqueue(pool, queue, jobs.refs_to_enqueue(rows), queue_name=settings.queue_name)
-    return OperationAccepted(operation_id=op, status="pending")
+    return await accepted(pool, principal.tenant_id, op, wait)
+
+
+async def accepted(pool: Any, tenant_id: int, operation_id: uuid.UUID,
+                   wait: float | None) -> OperationAccepted:
+    """The answer of a write that started an operation; with `wait`, once it finished (or the
+    wait ran out)."""
+    if not wait:
+        return OperationAccepted(operation_id=operation_id, status="pending")
+    op = await operations.wait(pool, tenant_id, operation_id, wait)
+    assert op is not None  # written by this request
+    return OperationAccepted(operation_id=operation_id, status=op["status"],
+                             operation=OperationPublic(**op))
 
 
 @router.get("/v1/memory-types", response_model=MemoryTypes)

@@ -30,7 +30,7 @@ from api.memory_schemas import (
     TraceTree,
     WaitSeconds,
 )
-from api.routes.memories import cursor_time, scope_of
+from api.routes.memories import WaitQuery, accepted, cursor_time, scope_of
 from api.schemas import QueryTime, SafeStr
 from pipeline import jobs
 from pipeline.db import Q
@@ -181,7 +181,8 @@ async def delete_session(session_id: SessionId, principal: CurrentPrincipal, poo
 @router.post("/v1/sessions/{session_id}/extract", status_code=202,
              response_model=OperationAccepted)
 async def extract_now(session_id: SessionId, body: ExtractRequest, principal: CurrentPrincipal,
-                      pool: PoolDep, queue: QueueDep, settings: SettingsDep) -> OperationAccepted:
+                      pool: PoolDep, queue: QueueDep, settings: SettingsDep,
+                      wait: WaitQuery = None) -> OperationAccepted:
     """Extract memories from the session's unread events now, without waiting for it to go
     quiet. A waiting extraction is replaced, never doubled."""
     reader = scope_of(body.scope)
@@ -192,7 +193,7 @@ async def extract_now(session_id: SessionId, body: ExtractRequest, principal: Cu
             scope={"user_id": row["user_id"], "agent_id": row["agent_id"],
                    "visibility": row["visibility"]}, now=True, settings=settings)
     await jobs.enqueue(pool, queue, scheduled.refs, queue_name=settings.queue_name)
-    return OperationAccepted(operation_id=scheduled.operation_id, status="pending")
+    return await accepted(pool, principal.tenant_id, scheduled.operation_id, wait)
 
 
 def _span_tree(rows: Sequence[Any]) -> list[SpanNode]:
