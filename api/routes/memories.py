@@ -11,7 +11,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response
 
-from api.deps import CurrentPrincipal, PoolDep, QueryCacheDep, QueueDep, SettingsDep
+from api.deps import (
+    CurrentPrincipal,
+    PoolDep,
+    QueryCacheDep,
+    QueueDep,
+    SearchPoolDep,
+    SettingsDep,
+)
 from api.memory_schemas import (
     HistoryEntry,
     MemoriesPage,
@@ -107,7 +114,8 @@ async def add_memory(body: MemoryCreate, principal: CurrentPrincipal, pool: Pool
 
 @router.post("/v1/memories/search", response_model=RecallResults)
 async def search_memories(body: RecallSearch, principal: CurrentPrincipal, pool: PoolDep,
-                          queries: QueryCacheDep, settings: SettingsDep) -> RecallResults:
+                          search_pool: SearchPoolDep, queries: QueryCacheDep,
+                          settings: SettingsDep) -> RecallResults:
     """Hybrid search over the memories the scope may read and, with `include_events`, the
     events of its sessions. Each result says its kind; a memory lists its source events."""
     params = recall.RecallQuery(
@@ -115,8 +123,8 @@ async def search_memories(body: RecallSearch, principal: CurrentPrincipal, pool:
         memories=body.include_memories, events=body.include_events, session_id=body.session_id,
         types=body.types, valid_only=body.valid_only, as_of=body.as_of,
         min_confidence=body.min_confidence, after=body.after, before=body.before)
-    outcome = await recall.search(pool, queries, settings, tenant_id=principal.tenant_id,
-                                  params=params)
+    outcome = await recall.search(search_pool, queries, settings,
+                                  tenant_id=principal.tenant_id, params=params)
     hit = [uuid.UUID(r["id"]) for r in outcome.results if r["kind"] == "memory"]
     if hit:
         await pool.execute(Q["memories.touch"], principal.tenant_id, hit)

@@ -48,8 +48,10 @@ def _turn(row: dict[str, Any] | asyncpg.Record) -> TurnLine:
                     created_at=row["created_at"])
 
 
-async def build(pool: asyncpg.Pool, queries: QueryCache, settings: Settings, *,
-                tenant_id: int, ask: ContextAsk) -> PackedContext:
+async def build(pool: asyncpg.Pool, search_pool: asyncpg.Pool, queries: QueryCache,
+                settings: Settings, *, tenant_id: int, ask: ContextAsk) -> PackedContext:
+    """`search_pool` plans generically (see pipeline/search.py): the recall statement takes
+    5 ms to plan, and one plan serves every reader."""
     reader = ask.reader
     summary = None
     recent: list[asyncpg.Record] = []
@@ -73,7 +75,7 @@ async def build(pool: asyncpg.Pool, queries: QueryCache, settings: Settings, *,
     memories: list[MemoryLine] = []
     turns: list[TurnLine] = []
     if query:
-        found = await recall.search(pool, queries, settings, tenant_id=tenant_id,
+        found = await recall.search(search_pool, queries, settings, tenant_id=tenant_id,
                                     params=recall.RecallQuery(
                                         query=query[:recall.MAX_QUERY_CHARS], reader=reader,
                                         limit=CANDIDATES, events=True))

@@ -86,6 +86,13 @@ CREATE TABLE events (
     UNIQUE (tenant_id, session_id, event_id),
     FOREIGN KEY (tenant_id, session_id) REFERENCES sessions (tenant_id, id) ON DELETE CASCADE
 );
+-- A search reads a reader's every row: its vector, words and term weights must be in the row,
+-- not in TOAST, where each read of a value would fetch and decompress it again (a 500-row
+-- search spent 70 of its 94 ms that way). The target keeps rows whole up to a page.
+ALTER TABLE events SET (toast_tuple_target = 8160);
+ALTER TABLE events ALTER COLUMN embedding SET STORAGE PLAIN,
+                   ALTER COLUMN tsv SET STORAGE MAIN,
+                   ALTER COLUMN terms SET STORAGE MAIN;
 CREATE INDEX events_session ON events (tenant_id, session_id, created_at, seq);
 CREATE INDEX events_user ON events (tenant_id, user_id, seq);
 CREATE INDEX events_agent ON events (tenant_id, agent_id, seq);
@@ -136,6 +143,10 @@ CREATE TABLE memories (
     CHECK (visibility <> 'user' OR user_id IS NOT NULL),
     CHECK (visibility <> 'private' OR agent_id IS NOT NULL)
 );
+ALTER TABLE memories SET (toast_tuple_target = 8160);
+ALTER TABLE memories ALTER COLUMN embedding SET STORAGE PLAIN,
+                     ALTER COLUMN tsv SET STORAGE MAIN,
+                     ALTER COLUMN terms SET STORAGE MAIN;
 CREATE INDEX memories_user ON memories (tenant_id, user_id, created_at);
 CREATE INDEX memories_agent ON memories (tenant_id, agent_id, created_at);
 CREATE INDEX memories_session ON memories (tenant_id, session_id) WHERE session_id IS NOT NULL;
