@@ -13,6 +13,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -248,25 +249,35 @@ def build_app(state: FakeProviders) -> FastAPI:
     return app
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[FakeProviders]:
-    """uvicorn on a loopback port, in a thread of its own with its own event loop."""
-    state = FakeProviders()
+@contextmanager
+def serve_in_thread(app: FastAPI, *, what: str = "fake server") -> Iterator[str]:
+    """uvicorn on a loopback port, in a thread of its own with its own event loop, so that
+    the async code under test reaches it over a real socket; yields its base URL. `what`
+    names the server in the failure when it does not start."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    state.url = f"http://127.0.0.1:{port}"
-    uv = uvicorn.Server(uvicorn.Config(build_app(state), log_level="warning", lifespan="off"))
+    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not uv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "fake server did not start"
-        time.sleep(0.02)
-    yield state
-    uv.should_exit = True
-    thread.join(timeout=5)
-    sock.close()
+    try:
+        deadline = time.monotonic() + 10
+        while not uv.started:
+            assert thread.is_alive() and time.monotonic() < deadline, f"{what} did not start"
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=5)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeProviders]:
+    """The fake providers, served for the tests of one module."""
+    state = FakeProviders()
+    with serve_in_thread(build_app(state)) as url:
+        state.url = url
+        yield state
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ No mock of httpx: every request goes over a loopback socket to uvicorn."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections import deque
@@ -16,7 +15,6 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -41,6 +39,7 @@ from pipeline.memory.extraction.rules import (
     third_person,
 )
 from pipeline.settings import Settings
+from tests.fake_providers import Seen, serve_in_thread
 
 REF = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)  # a Monday
 TYPES = ("fact", "preference", "event", "decision", "project_state")
@@ -425,14 +424,6 @@ class Reply:
     times: int | None = 1  # None: forever
 
 
-@dataclass
-class Seen:
-    path: str
-    headers: dict[str, str]
-    body: Any
-    at: float
-
-
 class ModelServer:
     """Answers each request with the next scripted reply, in the wire format of its path."""
 
@@ -501,22 +492,11 @@ def build_app(state: ModelServer) -> FastAPI:
 
 @pytest.fixture(scope="module")
 def model_server() -> Iterator[ModelServer]:
-    """uvicorn on a loopback port, in a thread of its own with its own event loop."""
+    """The scripted model server, served for the tests of this module."""
     state = ModelServer()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    state.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    uv = uvicorn.Server(uvicorn.Config(build_app(state), log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not uv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "model server did not start"
-        time.sleep(0.02)
-    yield state
-    uv.should_exit = True
-    thread.join(timeout=5)
-    sock.close()
+    with serve_in_thread(build_app(state), what="model server") as url:
+        state.url = url
+        yield state
 
 
 @pytest.fixture

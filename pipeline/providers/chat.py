@@ -5,10 +5,18 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 from pipeline.errors import PermanentError
-from pipeline.providers.http import ProviderClient, SettingNames, bearer, secret_value
+from pipeline.providers.http import SettingNames, secret_value
+from pipeline.providers.wire import (
+    AnthropicWire,
+    OllamaChatWire,
+    OpenAIChatWire,
+    Wire,
+    client_key,
+    system_and_user,
+)
 from pipeline.settings import Settings
 from pipeline.stages import summarize as extractive
 
@@ -99,20 +107,11 @@ class ExtractiveSummarizer:
 
 def chat_messages(prompt: str) -> list[dict[str, str]]:
     """The system and user turns, as OpenAI-compatible servers and Ollama both take them."""
-    return [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": prompt},
-    ]
+    return system_and_user(SYSTEM_PROMPT, prompt)
 
 
-class _ChatSummarizer(ABC):
+class _ChatSummarizer(Wire, ABC):
     """A chat model over HTTP: builds the prompt, sends it, clips what comes back."""
-
-    provider: ClassVar[str]
-    label: ClassVar[str]
-    default_base_url: ClassVar[str]
-    path: ClassVar[str]
-    extra_hints: ClassVar[dict[int, str]] = {}
 
     def __init__(self, settings: Settings) -> None:
         if not settings.summary_model.strip():
@@ -124,13 +123,8 @@ class _ChatSummarizer(ABC):
         self.max_chars = settings.summary_max_chars
         # A token is three to four characters; leave room so the model ends its sentence.
         self.max_tokens = settings.summary_max_chars // 2 + 64
-        self._api_key = secret_value(settings.summary_api_key)
-        self.client = ProviderClient(
-            settings,
-            label=self.label,
-            base_url=settings.summary_base_url or self.default_base_url,
-            names=SettingNames(NAMES.api_key, NAMES.base_url, NAMES.model, self.extra_hints),
-        )
+        self._connect(settings, base_url=settings.summary_base_url,
+                      api_key=settings.summary_api_key, names=NAMES)
 
     async def summarize(self, text: str, *, context: Sequence[str] = ()) -> str:
         if not text.strip():
@@ -142,9 +136,6 @@ class _ChatSummarizer(ABC):
             raise self.client.shape_error(self.path, "an empty summary")
         return summary
 
-    def _headers(self) -> dict[str, str]:
-        return bearer(self._api_key)
-
     @abstractmethod
     def _body(self, prompt: str) -> dict[str, Any]:
         """The provider's request body for this prompt."""
@@ -154,14 +145,9 @@ class _ChatSummarizer(ABC):
         """The summary text out of the provider's answer."""
 
 
-class OpenAIChatSummarizer(_ChatSummarizer):
+class OpenAIChatSummarizer(OpenAIChatWire, _ChatSummarizer):
     """POST {base_url}/chat/completions: OpenAI or any compatible server (vLLM, LM Studio,
     llama.cpp, OpenRouter...)."""
-
-    provider = "openai"
-    label = "OpenAI-compatible chat"
-    default_base_url = "https://api.openai.com/v1"
-    path = "chat/completions"
 
     def _body(self, prompt: str) -> dict[str, Any]:
         return {
@@ -172,32 +158,11 @@ class OpenAIChatSummarizer(_ChatSummarizer):
         }
 
     def _read(self, data: dict[str, Any]) -> str:
-        try:
-            message = data["choices"][0]["message"]
-        except (KeyError, IndexError, TypeError):
-            raise self.client.shape_error(self.path, "no choices[0].message") from None
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, str):
-            refusal = message.get("refusal") if isinstance(message, dict) else None
-            what = f"a refusal: {refusal}" if refusal else "no message content"
-            raise self.client.shape_error(self.path, what)
-        return content
+        return self._message_content(data)
 
 
-class AnthropicSummarizer(_ChatSummarizer):
+class AnthropicSummarizer(AnthropicWire, _ChatSummarizer):
     """POST {base_url}/v1/messages, Anthropic's Messages API."""
-
-    provider = "anthropic"
-    label = "Anthropic messages"
-    default_base_url = "https://api.anthropic.com"
-    path = "v1/messages"
-    api_version = "2023-06-01"
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"anthropic-version": self.api_version}
-        if self._api_key:
-            headers["x-api-key"] = self._api_key
-        return headers
 
     def _body(self, prompt: str) -> dict[str, Any]:
         return {
@@ -208,12 +173,9 @@ class AnthropicSummarizer(_ChatSummarizer):
         }
 
     def _read(self, data: dict[str, Any]) -> str:
-        blocks = data.get("content")
-        if not isinstance(blocks, list):
-            raise self.client.shape_error(self.path, "no content list")
         texts = [
             b["text"]
-            for b in blocks
+            for b in self._content_blocks(data)
             if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
         ]
         if not texts:
@@ -221,17 +183,8 @@ class AnthropicSummarizer(_ChatSummarizer):
         return "".join(texts)
 
 
-class OllamaSummarizer(_ChatSummarizer):
+class OllamaSummarizer(OllamaChatWire, _ChatSummarizer):
     """POST {base_url}/api/chat on an Ollama server, without streaming."""
-
-    provider = "ollama"
-    label = "Ollama chat"
-    default_base_url = "http://127.0.0.1:11434"
-    path = "api/chat"
-    extra_hints: ClassVar[dict[int, str]] = {
-        404: "check MEMMILL_SUMMARY_MODEL (is it pulled? `ollama pull <model>`) "
-        "and MEMMILL_SUMMARY_BASE_URL",
-    }
 
     def _body(self, prompt: str) -> dict[str, Any]:
         return {
@@ -242,11 +195,7 @@ class OllamaSummarizer(_ChatSummarizer):
         }
 
     def _read(self, data: dict[str, Any]) -> str:
-        message = data.get("message")
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, str):
-            raise self.client.shape_error(self.path, "no message.content")
-        return content
+        return self._message_content(data)
 
 
 _PROVIDERS: dict[str, type[_ChatSummarizer]] = {
@@ -258,17 +207,13 @@ _SHARED: dict[tuple[Any, ...], Summarizer] = {}
 
 
 def _key(settings: Settings) -> tuple[Any, ...]:
-    return (
+    return client_key(
+        settings,
         settings.summary_provider,
         settings.summary_model,
         settings.summary_base_url,
         secret_value(settings.summary_api_key),
         settings.summary_max_chars,
-        settings.provider_timeout_s,
-        settings.provider_concurrency,
-        settings.provider_rate_per_s,
-        settings.provider_retries,
-        settings.provider_retry_max_wait_s,
     )
 
 

@@ -11,14 +11,21 @@ import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from pipeline.errors import PermanentError
 from pipeline.providers.batching import BatchingEmbedder
-from pipeline.providers.http import ProviderClient, SettingNames, bearer, secret_value
+from pipeline.providers.http import SettingNames, secret_value
+from pipeline.providers.wire import OllamaWire, OpenAIWire, Wire, client_key
 from pipeline.settings import Settings
+
+NAMES = SettingNames(
+    api_key="MEMMILL_EMBEDDING_API_KEY",
+    base_url="MEMMILL_EMBEDDING_BASE_URL",
+    model="MEMMILL_EMBEDDING_MODEL",
+)
 
 
 class Embedder(Protocol):
@@ -113,32 +120,16 @@ class LocalEmbedder:
         await self._encode_dealt(["warm up"] * self._copies)
 
 
-class _HTTPEmbedder(ABC):
+class _HTTPEmbedder(Wire, ABC):
     """An embedding API over HTTP: batches, checks the dimension, normalizes to unit length
     (the index searches by cosine)."""
-
-    provider: ClassVar[str]
-    label: ClassVar[str]
-    default_base_url: ClassVar[str]
-    path: ClassVar[str]
-    extra_hints: ClassVar[dict[int, str]] = {}
 
     def __init__(self, settings: Settings) -> None:
         self.model = settings.embedding_model
         self.dim = settings.embedding_dim
         self._batch_size = settings.embedding_request_size
-        self._api_key = secret_value(settings.embedding_api_key)
-        self.client = ProviderClient(
-            settings,
-            label=self.label,
-            base_url=settings.embedding_base_url or self.default_base_url,
-            names=SettingNames(
-                api_key="MEMMILL_EMBEDDING_API_KEY",
-                base_url="MEMMILL_EMBEDDING_BASE_URL",
-                model="MEMMILL_EMBEDDING_MODEL",
-                extra_hints=self.extra_hints,
-            ),
-        )
+        self._connect(settings, base_url=settings.embedding_base_url,
+                      api_key=settings.embedding_api_key, names=NAMES)
 
     async def warm_up(self) -> None:
         """Nothing to load; the first request opens the connection."""
@@ -153,9 +144,6 @@ class _HTTPEmbedder(ABC):
             raw = self._read(data, len(batch))
             vectors += [self._unit(v) for v in raw]
         return vectors
-
-    def _headers(self) -> dict[str, str]:
-        return bearer(self._api_key)
 
     def _body(self, batch: list[str]) -> dict[str, Any]:
         return {"model": self.model, "input": batch}
@@ -184,12 +172,10 @@ class _HTTPEmbedder(ABC):
         return vector / np.float32(norm)
 
 
-class OpenAIEmbedder(_HTTPEmbedder):
+class OpenAIEmbedder(OpenAIWire, _HTTPEmbedder):
     """POST {base_url}/embeddings: OpenAI or any compatible server."""
 
-    provider = "openai"
     label = "OpenAI-compatible embeddings"
-    default_base_url = "https://api.openai.com/v1"
     path = "embeddings"
 
     def _read(self, data: dict[str, Any], count: int) -> list[Any]:
@@ -208,17 +194,11 @@ class OpenAIEmbedder(_HTTPEmbedder):
         return ordered
 
 
-class OllamaEmbedder(_HTTPEmbedder):
+class OllamaEmbedder(OllamaWire, _HTTPEmbedder):
     """POST {base_url}/api/embed on an Ollama server."""
 
-    provider = "ollama"
     label = "Ollama embeddings"
-    default_base_url = "http://127.0.0.1:11434"
     path = "api/embed"
-    extra_hints: ClassVar[dict[int, str]] = {
-        404: "check MEMMILL_EMBEDDING_MODEL (is it pulled? `ollama pull <model>`) "
-        "and MEMMILL_EMBEDDING_BASE_URL",
-    }
 
     def _read(self, data: dict[str, Any], count: int) -> list[Any]:
         embeddings = data.get("embeddings")
@@ -260,18 +240,14 @@ LOCAL_CALL_TEXTS_PER_COPY = 128
 def _key(settings: Settings) -> tuple[Any, ...]:
     if settings.embedding_provider == "local":
         return (settings.embedding_provider, settings.embedding_model)
-    return (
+    return client_key(
+        settings,
         settings.embedding_provider,
         settings.embedding_model,
         settings.embedding_dim,
         settings.embedding_request_size,
         settings.embedding_base_url,
         secret_value(settings.embedding_api_key),
-        settings.provider_timeout_s,
-        settings.provider_concurrency,
-        settings.provider_rate_per_s,
-        settings.provider_retries,
-        settings.provider_retry_max_wait_s,
     )
 
 

@@ -10,6 +10,7 @@ from pipeline.memory.extraction.llm import JSON_CHATS, JSONChat, LLMDecider, LLM
 from pipeline.memory.extraction.model import Decider, Extractor
 from pipeline.memory.extraction.rules import RuleExtractor
 from pipeline.providers.http import secret_value
+from pipeline.providers.wire import client_key
 from pipeline.settings import Settings
 
 # One chat client per process and configuration, shared by the extractor and the decider, so
@@ -18,17 +19,8 @@ _CHATS: dict[tuple[Any, ...], JSONChat] = {}
 
 
 def _key(settings: Settings) -> tuple[Any, ...]:
-    return (
-        settings.extraction_provider,
-        settings.extraction_model,
-        settings.extraction_base_url,
-        secret_value(settings.extraction_api_key),
-        settings.provider_timeout_s,
-        settings.provider_concurrency,
-        settings.provider_rate_per_s,
-        settings.provider_retries,
-        settings.provider_retry_max_wait_s,
-    )
+    return client_key(settings, settings.extraction_provider, settings.extraction_model,
+                      settings.extraction_base_url, secret_value(settings.extraction_api_key))
 
 
 def get_chat(settings: Settings) -> JSONChat:

@@ -22,13 +22,20 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any
 
 from pipeline.errors import PermanentError, TransientError
 from pipeline.memory.extraction.dates import parse_date
 from pipeline.memory.extraction.model import ACTIONS, Decision, Proposal, Similar, Turn
 from pipeline.providers.chat import clip
-from pipeline.providers.http import ProviderClient, SettingNames, bearer, secret_value
+from pipeline.providers.http import SettingNames
+from pipeline.providers.wire import (
+    AnthropicWire,
+    OllamaChatWire,
+    OpenAIChatWire,
+    Wire,
+    system_and_user,
+)
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -56,14 +63,8 @@ class MalformedAnswer(TransientError):
 # ----------------------------------------------------------------------------- wire formats
 
 
-class JSONChat(ABC):
+class JSONChat(Wire, ABC):
     """One provider's way to ask a chat model for a JSON object that fits a schema."""
-
-    provider: ClassVar[str]
-    label: ClassVar[str]
-    default_base_url: ClassVar[str]
-    path: ClassVar[str]
-    extra_hints: ClassVar[dict[int, str]] = {}
 
     def __init__(self, settings: Settings) -> None:
         if not settings.extraction_model.strip():
@@ -73,13 +74,8 @@ class JSONChat(ABC):
             )
         self.model = settings.extraction_model.strip()
         self.name = f"{self.provider}:{self.model}"
-        self._api_key = secret_value(settings.extraction_api_key)
-        self.client = ProviderClient(
-            settings,
-            label=self.label,
-            base_url=settings.extraction_base_url or self.default_base_url,
-            names=SettingNames(NAMES.api_key, NAMES.base_url, NAMES.model, self.extra_hints),
-        )
+        self._connect(settings, base_url=settings.extraction_base_url,
+                      api_key=settings.extraction_api_key, names=NAMES)
 
     async def ask(self, *, system: str, prompt: str, name: str, schema: dict[str, Any],
                   max_tokens: int) -> dict[str, Any]:
@@ -88,9 +84,6 @@ class JSONChat(ABC):
                           max_tokens=max_tokens)
         data = await self.client.post_json(self.path, body, self._headers())
         return self._answer(data, name)
-
-    def _headers(self) -> dict[str, str]:
-        return bearer(self._api_key)
 
     @abstractmethod
     def _body(self, *, system: str, prompt: str, name: str, schema: dict[str, Any],
@@ -117,23 +110,14 @@ class JSONChat(ABC):
         return value
 
 
-def _messages(system: str, prompt: str) -> list[dict[str, str]]:
-    return [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
-
-
-class OpenAIJSONChat(JSONChat):
+class OpenAIJSONChat(OpenAIChatWire, JSONChat):
     """POST {base_url}/chat/completions with a strict json_schema response format."""
-
-    provider = "openai"
-    label = "OpenAI-compatible chat"
-    default_base_url = "https://api.openai.com/v1"
-    path = "chat/completions"
 
     def _body(self, *, system: str, prompt: str, name: str, schema: dict[str, Any],
               max_tokens: int) -> dict[str, Any]:
         return {
             "model": self.model,
-            "messages": _messages(system, prompt),
+            "messages": system_and_user(system, prompt),
             "max_tokens": max_tokens,
             "temperature": 0,
             "response_format": {
@@ -143,33 +127,12 @@ class OpenAIJSONChat(JSONChat):
         }
 
     def _answer(self, data: dict[str, Any], name: str) -> dict[str, Any]:
-        try:
-            message = data["choices"][0]["message"]
-        except (KeyError, IndexError, TypeError):
-            raise self.client.shape_error(self.path, "no choices[0].message") from None
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, str):
-            refusal = message.get("refusal") if isinstance(message, dict) else None
-            what = f"a refusal: {refusal}" if refusal else "no message content"
-            raise self.client.shape_error(self.path, what)
-        return self._parse(content)
+        return self._parse(self._message_content(data))
 
 
-class AnthropicJSONChat(JSONChat):
+class AnthropicJSONChat(AnthropicWire, JSONChat):
     """POST {base_url}/v1/messages with one tool whose input is the answer, and that tool
     forced: Anthropic's way to a schema-shaped answer."""
-
-    provider = "anthropic"
-    label = "Anthropic messages"
-    default_base_url = "https://api.anthropic.com"
-    path = "v1/messages"
-    api_version = "2023-06-01"
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"anthropic-version": self.api_version}
-        if self._api_key:
-            headers["x-api-key"] = self._api_key
-        return headers
 
     def _body(self, *, system: str, prompt: str, name: str, schema: dict[str, Any],
               max_tokens: int) -> dict[str, Any]:
@@ -184,10 +147,7 @@ class AnthropicJSONChat(JSONChat):
         }
 
     def _answer(self, data: dict[str, Any], name: str) -> dict[str, Any]:
-        blocks = data.get("content")
-        if not isinstance(blocks, list):
-            raise self.client.shape_error(self.path, "no content list")
-        for block in blocks:
+        for block in self._content_blocks(data):
             if (isinstance(block, dict) and block.get("type") == "tool_use"
                     and block.get("name") == name):
                 value = block.get("input")
@@ -201,33 +161,21 @@ class AnthropicJSONChat(JSONChat):
         )
 
 
-class OllamaJSONChat(JSONChat):
+class OllamaJSONChat(OllamaChatWire, JSONChat):
     """POST {base_url}/api/chat without streaming, with the schema as `format`."""
-
-    provider = "ollama"
-    label = "Ollama chat"
-    default_base_url = "http://127.0.0.1:11434"
-    path = "api/chat"
-    extra_hints: ClassVar[dict[int, str]] = {
-        404: f"check {NAMES.model} (is it pulled? `ollama pull <model>`) and {NAMES.base_url}",
-    }
 
     def _body(self, *, system: str, prompt: str, name: str, schema: dict[str, Any],
               max_tokens: int) -> dict[str, Any]:
         return {
             "model": self.model,
-            "messages": _messages(system, prompt),
+            "messages": system_and_user(system, prompt),
             "stream": False,
             "format": schema,
             "options": {"temperature": 0, "num_predict": max_tokens},
         }
 
     def _answer(self, data: dict[str, Any], name: str) -> dict[str, Any]:
-        message = data.get("message")
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, str):
-            raise self.client.shape_error(self.path, "no message.content")
-        return self._parse(content)
+        return self._parse(self._message_content(data))
 
 
 JSON_CHATS: dict[str, type[JSONChat]] = {
