@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import httpx
 import pytest
 import redis
 import uvicorn
@@ -146,6 +147,14 @@ async def api_url(settings: Settings) -> AsyncIterator[str]:
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     await task
+
+
+@pytest.fixture
+async def http(api_url: str, tenant: tuple[int, str]) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the real app with the default tenant's key."""
+    async with httpx.AsyncClient(base_url=api_url, timeout=60,
+                                 headers={"Authorization": f"Bearer {tenant[1]}"}) as client:
+        yield client
 
 
 async def drain(settings: Settings, pool: asyncpg.Pool, *, max_rounds: int = 50) -> None:

@@ -96,13 +96,6 @@ async def run_cases(
 
 
 @pytest.fixture
-async def http(api_url: str, tenant: tuple[int, str]) -> AsyncIterator[httpx.AsyncClient]:
-    headers = {"Authorization": f"Bearer {tenant[1]}"}
-    async with httpx.AsyncClient(base_url=api_url, headers=headers, timeout=60) as client:
-        yield client
-
-
-@pytest.fixture
 async def stored(http: httpx.AsyncClient, pool: asyncpg.Pool) -> dict[str, Any]:
     """One good item, stored (not processed) before the bad requests: the state to keep."""
     r = await http.post("/v1/items", json=GOOD)

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -25,13 +25,6 @@ from pipeline.settings import Settings
 from tests.conftest import drain
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-async def http(api_url: str, tenant: tuple[int, str]) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=api_url, timeout=60,
-                                 headers={"Authorization": f"Bearer {tenant[1]}"}) as client:
-        yield client
 
 
 def docx_bytes() -> bytes:

@@ -76,13 +76,6 @@ async def _item_with_probe(pool: asyncpg.Pool, settings: Settings, tenant_id: in
     return str(probe_row["id"])
 
 
-@pytest.fixture
-async def http(api_url: str, tenant: tuple[int, str]) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=api_url,
-                                 headers={"Authorization": f"Bearer {tenant[1]}"}) as client:
-        yield client
-
-
 async def test_transient_failures_back_off_then_dead_letter_then_replay(
     http: httpx.AsyncClient, settings: Settings, pool: asyncpg.Pool, tenant: tuple[int, str]
 ) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -668,13 +667,6 @@ async def send(c: httpx.AsyncClient, case: Bad, memory_id: str) -> httpx.Respons
             case.body).encode()
         kwargs["headers"].setdefault("Content-Type", "application/json")
     return await c.request(case.method, case.path.replace("{m}", memory_id), **kwargs)
-
-
-@pytest.fixture
-async def http(api_url: str, tenant: tuple[int, str]) -> AsyncIterator[httpx.AsyncClient]:
-    headers = {"Authorization": f"Bearer {tenant[1]}"}
-    async with httpx.AsyncClient(base_url=api_url, headers=headers, timeout=60) as client:
-        yield client
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import io
 import subprocess
 import sys
 import wave
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -27,13 +26,6 @@ from pipeline.settings import Settings
 from tests.conftest import drain
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-async def http(api_url: str, tenant: tuple[int, str]) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=api_url, timeout=60,
-                                 headers={"Authorization": f"Bearer {tenant[1]}"}) as client:
-        yield client
 
 
 def scan_png(line: str) -> bytes:
