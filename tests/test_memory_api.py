@@ -208,6 +208,8 @@ async def test_a_query_naming_a_speaker_lifts_their_turns(
                 "include_events": True, "include_memories": False})).json()["results"]
             assert found[0]["sender_name"] == who, found
             assert found[0]["scores"]["names_person"] is True
+            # A fused score is at most 1: above it only by the fifth a named speaker adds.
+            assert found[0]["scores"]["relevance"] > 1.1, found
             assert [r["scores"]["names_person"] for r in found[1:]] == [False, False]
         in_june = (await c.post("/v1/memories/search", json={
             "query": "lake painting in June 2023", "scope": scope, "limit": 1,

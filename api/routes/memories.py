@@ -9,7 +9,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, BackgroundTasks, Header, Query, Response
 
 from api.deps import (
     CurrentPrincipal,
@@ -115,7 +115,7 @@ async def add_memory(body: MemoryCreate, principal: CurrentPrincipal, pool: Pool
 @router.post("/v1/memories/search", response_model=RecallResults)
 async def search_memories(body: RecallSearch, principal: CurrentPrincipal, pool: PoolDep,
                           search_pool: SearchPoolDep, queries: QueryCacheDep,
-                          settings: SettingsDep) -> RecallResults:
+                          settings: SettingsDep, background: BackgroundTasks) -> RecallResults:
     """Hybrid search over the memories the scope may read and, with `include_events`, the
     events of its sessions. Each result says its kind; a memory lists its source events."""
     params = recall.RecallQuery(
@@ -126,8 +126,8 @@ async def search_memories(body: RecallSearch, principal: CurrentPrincipal, pool:
     outcome = await recall.search(search_pool, queries, settings,
                                   tenant_id=principal.tenant_id, params=params)
     hit = [uuid.UUID(r["id"]) for r in outcome.results if r["kind"] == "memory"]
-    if hit:
-        await pool.execute(Q["memories.touch"], principal.tenant_id, hit)
+    if hit:  # the access counts are written after the response is sent
+        background.add_task(pool.execute, Q["memories.touch"], principal.tenant_id, hit)
     return RecallResults(results=outcome.results, mode=outcome.mode, warnings=outcome.warnings,
                          timings_ms=outcome.timings_ms)
 

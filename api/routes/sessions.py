@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, BackgroundTasks, Path, Query
 
 from api.deps import CurrentPrincipal, PoolDep, QueueDep, SettingsDep
 from api.memory_schemas import (
@@ -78,13 +78,14 @@ async def _visible_session(pool: Any, tenant_id: int, session_id: str, reader: S
 @router.post("/v1/sessions/{session_id}/events", status_code=202, response_model=EventsAccepted)
 async def write_events(
     session_id: SessionId, body: EventsWrite, principal: CurrentPrincipal, pool: PoolDep,
-    queue: QueueDep, settings: SettingsDep,
+    queue: QueueDep, settings: SettingsDep, background: BackgroundTasks,
     wait: Annotated[WaitSeconds | None, Query(description=(
-        "Seconds to wait for the events' embedding (searchable by meaning) before answering."
+        "Seconds to wait for the events' embedding (searchable from then on) before answering."
     ))] = None,
 ) -> EventsAccepted:
     """Store up to 500 events of a session at once (a repeated `event_id` is not stored twice)
-    and queue their embedding and, once the session is quiet, its extraction. The session is
+    and queue their indexing (vectors and term weights: searchable once it ran) and, once the
+    session is quiet, its extraction. The session is
     created by its first write, with that write's scope; later writes must carry the same."""
     now = datetime.now(UTC)
     batch = [events.NewEvent(
@@ -98,8 +99,15 @@ async def write_events(
                                      key_id=principal.key_id, session_id=session_id,
                                      scope=scope_of(body.scope), events=batch,
                                      settings=settings)
-    await jobs.enqueue(pool, queue, written.refs, queue_name=settings.queue_name)
     op = None
+    if not wait:
+        # The jobs are in the ledger already: putting them on the queue after the response
+        # keeps two Redis and Postgres round trips out of the write's latency, and a failure
+        # there loses nothing (the sweeper enqueues what Redis never got).
+        background.add_task(jobs.enqueue, pool, queue, written.refs,
+                            queue_name=settings.queue_name)
+    else:
+        await jobs.enqueue(pool, queue, written.refs, queue_name=settings.queue_name)
     if wait and written.operation_id:
         found = await operations.wait(pool, principal.tenant_id, written.operation_id, wait)
         op = OperationPublic(**found) if found else None

@@ -17,8 +17,8 @@ from pipeline import jobs
 from pipeline.db import Q
 from pipeline.errors import Conflict
 from pipeline.items import content_hash
-from pipeline.jobs import JobRef, JobSpec
-from pipeline.memory import extraction_schedule, operations
+from pipeline.jobs import JobRef
+from pipeline.memory import extraction_schedule
 from pipeline.memory.indexing import CONTEXT_TURNS, Neighbour, event_texts
 from pipeline.memory.scopes import Scope, visibility_for
 from pipeline.settings import Settings
@@ -66,9 +66,10 @@ async def write(conn: asyncpg.Connection, *, tenant_id: int, key_id: int | None,
         raise Conflict(f"session {session_id!r} belongs to another scope: write it with the "
                        "user_id and agent_id it was created with, or use another session id")
     ordered = sorted(events, key=lambda e: e.created_at)
-    earlier = [Neighbour(r["sender_name"], r["role"], r["content"], r["created_at"])
-               for r in reversed(await conn.fetch(Q["events.latest"], tenant_id, session_id,
-                                                  CONTEXT_TURNS))]
+    earlier = [] if session["created"] else [
+        Neighbour(r["sender_name"], r["role"], r["content"], r["created_at"])
+        for r in reversed(await conn.fetch(Q["events.latest"], tenant_id, session_id,
+                                           CONTEXT_TURNS))]
     columns: list[list[Any]] = [[] for _ in range(15)]
     for event in ordered:
         search_text, embed_text = event_texts(event.sender_name, event.role, event.content,
@@ -81,22 +82,20 @@ async def write(conn: asyncpg.Connection, *, tenant_id: int, key_id: int | None,
                   content_hash(embed_text))
         for column, value in zip(columns, values, strict=True):
             column.append(value)
-    inserted = await conn.fetch(Q["events.insert_many"], tenant_id, session_id, scope.user_id,
-                                scope.agent_id, visibility, *columns)
     ending = any(e.ending for e in events)
-    await conn.execute(Q["events.count_written"], tenant_id, session_id, len(inserted),
-                       ordered[0].created_at, ordered[-1].created_at, ending)
+    inserted = await conn.fetch(Q["events.insert_many"], tenant_id, session_id, scope.user_id,
+                                scope.agent_id, visibility, *columns, ordered[0].created_at,
+                                ordered[-1].created_at, ending)
     refs: list[JobRef] = []
     operation_id = None
     if inserted:
-        rows = await jobs.create_jobs(
-            conn, tenant_id=tenant_id, item_id=None, version=None,
-            specs=[JobSpec(jobs.EMBED_MEMORY)], max_attempts=settings.max_attempts_for,
-            payload={"events": [r["seq"] for r in inserted]})
-        operation_id = await operations.create(
-            conn, tenant_id=tenant_id, kind="embed", job_id=rows[0]["id"], key_id=key_id,
-            session_id=session_id, scope={**scope.as_dict(), "visibility": visibility})
-        refs += jobs.refs_to_enqueue(rows)
+        job_id = uuid.uuid4()
+        operation_id = await conn.fetchval(
+            Q["events.embed_job"], job_id, tenant_id,
+            settings.max_attempts_for(jobs.EMBED_MEMORY),
+            {"events": [r["seq"] for r in inserted]}, session_id,
+            {**scope.as_dict(), "visibility": visibility}, key_id)
+        refs.append(JobRef(job_id, jobs.EMBED_MEMORY))
     extraction = None
     if inserted or ending:
         extraction = await extraction_schedule.schedule(

@@ -34,8 +34,7 @@ async def schedule(conn: asyncpg.Connection, *, tenant_id: int, key_id: int | No
     """Make sure an extraction of the session is queued, in the caller's transaction."""
     waiting = await conn.fetchrow(Q["extract.waiting"], tenant_id, session_id)
     if waiting is not None and not now:
-        op = await conn.fetchval(Q["operations.of_job"], waiting["id"])
-        return Scheduled(op, [])
+        return Scheduled(waiting["operation_id"], [])
     delay = 0.0 if now else settings.extraction_quiet_s if delay_s is None else delay_s
     job_id = uuid.uuid4()
     if waiting is not None:
@@ -46,7 +45,7 @@ async def schedule(conn: asyncpg.Connection, *, tenant_id: int, key_id: int | No
     if not created:  # a concurrent write queued one first
         waiting = await conn.fetchrow(Q["extract.waiting"], tenant_id, session_id)
         assert waiting is not None
-        return Scheduled(await conn.fetchval(Q["operations.of_job"], waiting["id"]), [])
+        return Scheduled(waiting["operation_id"], [])
     if waiting is not None:
         await conn.execute(Q["operations.move_to_job"], waiting["id"], job_id)
         op = await conn.fetchval(Q["operations.of_job"], job_id)

@@ -79,24 +79,23 @@ CREATE TABLE events (
     search_text    text NOT NULL,
     embed_text     text NOT NULL,
     content_hash   text NOT NULL,
-    tsv            tsvector GENERATED ALWAYS AS (to_tsvector('english', search_text)) STORED,
-    terms          sparsevec GENERATED ALWAYS AS (bm25_terms(to_tsvector('english', search_text))) STORED,
+    -- BM25's term weights of search_text (bm25_terms, migration 0005), written by the
+    -- embed_memory job with the vector: computing them in the write took a third of it.
+    terms          sparsevec,
     embedding      vector(384),
     embedding_model text,
     UNIQUE (tenant_id, session_id, event_id),
     FOREIGN KEY (tenant_id, session_id) REFERENCES sessions (tenant_id, id) ON DELETE CASCADE
 );
--- A search reads a reader's every row: its vector, words and term weights must be in the row,
+-- A search reads a reader's every row: its vector and term weights must be in the row,
 -- not in TOAST, where each read of a value would fetch and decompress it again (a 500-row
 -- search spent 70 of its 94 ms that way). The target keeps rows whole up to a page.
 ALTER TABLE events SET (toast_tuple_target = 8160);
 ALTER TABLE events ALTER COLUMN embedding SET STORAGE PLAIN,
-                   ALTER COLUMN tsv SET STORAGE MAIN,
                    ALTER COLUMN terms SET STORAGE MAIN;
 CREATE INDEX events_session ON events (tenant_id, session_id, created_at, seq);
 CREATE INDEX events_user ON events (tenant_id, user_id, seq);
 CREATE INDEX events_agent ON events (tenant_id, agent_id, seq);
-CREATE INDEX events_tsv ON events USING gin (tsv);
 CREATE INDEX events_tenant_wide ON events (tenant_id) WHERE visibility = 'tenant';
 CREATE INDEX events_trace ON events (tenant_id, trace_id) WHERE trace_id IS NOT NULL;
 CREATE INDEX events_unembedded ON events (tenant_id, seq) WHERE embedding IS NULL;
@@ -133,8 +132,6 @@ CREATE TABLE memories (
     access_count   bigint NOT NULL DEFAULT 0,
     accessed_at    timestamptz,
     content_hash   text NOT NULL,
-    tsv            tsvector GENERATED ALWAYS AS (
-                       to_tsvector('english', memory_text(content, hints))) STORED,
     terms          sparsevec GENERATED ALWAYS AS (bm25_terms(
                        to_tsvector('english', memory_text(content, hints)))) STORED,
     embedding      vector(384),
@@ -145,13 +142,11 @@ CREATE TABLE memories (
 );
 ALTER TABLE memories SET (toast_tuple_target = 8160);
 ALTER TABLE memories ALTER COLUMN embedding SET STORAGE PLAIN,
-                     ALTER COLUMN tsv SET STORAGE MAIN,
                      ALTER COLUMN terms SET STORAGE MAIN;
 CREATE INDEX memories_user ON memories (tenant_id, user_id, created_at);
 CREATE INDEX memories_agent ON memories (tenant_id, agent_id, created_at);
 CREATE INDEX memories_session ON memories (tenant_id, session_id) WHERE session_id IS NOT NULL;
 CREATE INDEX memories_tenant_wide ON memories (tenant_id) WHERE visibility = 'tenant';
-CREATE INDEX memories_tsv ON memories USING gin (tsv);
 
 -- Scope is written once. Not a CHECK of the API's: a trigger, so that no UPDATE anywhere can
 -- move a row into another user's, agent's or session's scope.
@@ -169,11 +164,17 @@ BEGIN
     RETURN NEW;
 END
 $$;
-CREATE TRIGGER memories_scope_fixed BEFORE UPDATE ON memories
+-- Only an UPDATE that names a scope column can change one, so only such an UPDATE runs the
+-- check (it costs a few jsonb conversions of the row, vector included: run on every access
+-- count bump, it doubled their cost).
+CREATE TRIGGER memories_scope_fixed
+    BEFORE UPDATE OF tenant_id, user_id, agent_id, session_id, visibility ON memories
     FOR EACH ROW EXECUTE FUNCTION refuse_scope_change();
-CREATE TRIGGER events_scope_fixed BEFORE UPDATE ON events
+CREATE TRIGGER events_scope_fixed
+    BEFORE UPDATE OF tenant_id, user_id, agent_id, session_id, visibility ON events
     FOR EACH ROW EXECUTE FUNCTION refuse_scope_change();
-CREATE TRIGGER sessions_scope_fixed BEFORE UPDATE ON sessions
+CREATE TRIGGER sessions_scope_fixed
+    BEFORE UPDATE OF tenant_id, user_id, agent_id, visibility ON sessions
     FOR EACH ROW EXECUTE FUNCTION refuse_scope_change();
 
 -- Every change of a memory: who (key and agent), what, the content before and after. A

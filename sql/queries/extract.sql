@@ -1,8 +1,10 @@
 -- The extract job of a session that waits in the ledger, if any (at most one: a unique index).
 -- name: waiting
-SELECT id, run_after FROM jobs
-WHERE tenant_id = $1 AND kind = 'extract' AND status = 'queued' AND payload ->> 'session_id' = $2
-FOR UPDATE;
+SELECT j.id, j.run_after, o.id AS operation_id
+FROM jobs j LEFT JOIN operations o ON o.job_id = j.id
+WHERE j.tenant_id = $1 AND j.kind = 'extract' AND j.status = 'queued'
+  AND j.payload ->> 'session_id' = $2
+FOR UPDATE OF j;
 
 -- name: cancel
 UPDATE jobs SET status = 'cancelled', finished_at = now(), updated_at = now()

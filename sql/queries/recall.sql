@@ -88,16 +88,16 @@ scored AS (
 ),
 fused AS (
     SELECT s.*,
-           search_fused('score', $15, 60, s.vector_score, max(s.vector_score) OVER (),
+           search_fused('score', $15::float8, 60, s.vector_score, max(s.vector_score) OVER (),
                         NULL, NULL, s.fts_score, max(s.fts_score) OVER (), NULL, NULL)
-           * CASE WHEN s.names_person THEN 1 + $19 ELSE 1 END
-           * CASE WHEN s.names_time THEN 1 + $25 ELSE 1 END AS relevance
+           * CASE WHEN s.names_person THEN 1 + $19::float8 ELSE 1 END
+           * CASE WHEN s.names_time THEN 1 + $25::float8 ELSE 1 END AS relevance
     FROM scored s
 ),
 lifted AS (
     SELECT f.*,
            f.relevance + CASE WHEN f.kind = 'event'
-                              THEN $20 * max(f.relevance) OVER (PARTITION BY f.kind, f.session_id)
+                              THEN $20::float8 * max(f.relevance) OVER (PARTITION BY f.kind, f.session_id)
                               ELSE 0 END AS score
     FROM fused f
 ),
