@@ -65,8 +65,9 @@ async def build(pool: asyncpg.Pool, search_pool: asyncpg.Pool, queries: QueryCac
                                        KEEP_RECENT))
     query = ask.query
     if query is None:
+        # The latest turn first: the search weighs a query's first words (recall.MAX_WORDS).
         users = [r["content"] for r in recent if r["role"] == "user"][-QUERY_TURNS:]
-        query = " ".join(users).strip() or None
+        query = " ".join(reversed(users)).strip() or None
         if query is None and ask.session_id is None:
             raise BadInput("query: give a query, or a session_id whose latest turns say what "
                            "the context is for")

@@ -37,6 +37,9 @@ ALPHA = 0.5
 PEOPLE_LIFT = 0.2
 TIME_LIFT = 0.2
 SESSION_SHARE = 0.25
+# The full-text side weighs the query's first this many distinct words (a question has fewer;
+# a context's default query, the latest user turns, may have many more).
+MAX_WORDS = 24
 MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august",
           "september", "october", "november", "december")
 
@@ -107,7 +110,7 @@ async def search(pool: asyncpg.Pool, queries: QueryCache, settings: Settings, *,
         params.types, params.valid_only, params.as_of, params.min_confidence, params.after,
         params.before, ALPHA if mode == "hybrid" else 0.0,
         reindex.model_key(settings), mode == "hybrid", query_words(text), PEOPLE_LIFT,
-        SESSION_SHARE, params.limit, params.offset, *query_times(text), TIME_LIFT)
+        SESSION_SHARE, params.limit, params.offset, *query_times(text), TIME_LIFT, MAX_WORDS)
     timings["sql"] = (time.perf_counter() - started) * 1000
     return RecallOutcome([result(r) for r in rows], mode, warnings, timings)
 

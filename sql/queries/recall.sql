@@ -15,12 +15,15 @@
 -- $7 events?, $8 session filter, $9 types, $10 valid only, $11 as of, $12 min confidence,
 -- $13 after, $14 before, $15 alpha, $16 embedder key, $17 use vectors, $18 the query's words (words_of, with a space
 -- on either side), $19 people lift, $20 session share, $21 limit, $22 offset, $23 months the
--- query names, $24 years it names, $25 time lift.
+-- query names, $24 years it names, $25 time lift, $26 most words weighed.
 -- name: search
+-- The query's first $26 distinct words: counting a word's rows costs a pass over the reader's
+-- rows, and a long query (a context's default, two turns) would pay for every word of it.
 WITH terms AS MATERIALIZED (
     SELECT u.lexeme, lexeme_dim(u.lexeme) AS dim,
            ('{' || lexeme_dim(u.lexeme) || ':1}/268435456')::sparsevec AS one
-    FROM (SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', $2))) u
+    FROM (SELECT lexeme FROM unnest(to_tsvector('english', $2))
+          ORDER BY (SELECT min(p) FROM unnest(positions) p) LIMIT $26) u
 ),
 mem AS MATERIALIZED (
     SELECT 'memory'::text AS kind, m.id::text AS id, m.id AS mid, NULL::text AS session_id,
