@@ -65,12 +65,18 @@ named AS (
     SELECT DISTINCT sender FROM ev WHERE position(sender IN $18) > 0
 ),
 -- BM25's idf from the reader's own rows: how many hold each of the query's words. A row holds
--- a word when its term vector has the word's dimension (migration 0005): one inner product
--- in C per row and word, where matching the text search vector cost ten times as much.
+-- a word when its term vector has the word's dimension (migration 0005): an inner product in C
+-- per row and word, where matching the text search vector cost ten times as much; and only
+-- rows holding any of the words (one inner product each, with all of them) are counted.
+worded AS MATERIALIZED (
+    SELECT r.terms FROM rows r
+    WHERE (r.terms <#> (SELECT ('{' || string_agg(dim || ':1', ',' ORDER BY dim)
+                                || '}/268435456')::sparsevec FROM (SELECT DISTINCT dim FROM terms) d)) < 0
+),
 stats AS MATERIALIZED (
-    SELECT t.lexeme, t.dim, count(*) FILTER (WHERE (r.terms <#> t.one) < 0) AS df,
+    SELECT t.lexeme, t.dim, count(w.terms) FILTER (WHERE (w.terms <#> t.one) < 0) AS df,
            (SELECT count(*) FROM rows) AS n
-    FROM terms t CROSS JOIN rows r
+    FROM terms t LEFT JOIN worded w ON true
     GROUP BY t.lexeme, t.dim
 ),
 weights AS (
