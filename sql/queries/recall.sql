@@ -29,7 +29,7 @@ mem AS MATERIALIZED (
     SELECT 'memory'::text AS kind, m.id::text AS id, m.id AS mid, NULL::text AS session_id,
            NULL::text AS event_id, NULL::bigint AS seq, m.terms,
            CASE WHEN $17 AND m.embedding_model = $16 THEN 1 - (m.embedding <=> $3) END AS vector_score,
-           ' ' || words_of(m.content) || ' ' AS words, NULL::text AS sender,
+           m.content AS text, NULL::text AS sender,
            coalesce(m.observed_at, m.created_at) AT TIME ZONE 'UTC' AS at
     FROM memories m
     WHERE $6 AND m.tenant_id = $1
@@ -47,7 +47,7 @@ ev AS MATERIALIZED (
            e.session_id,
            e.event_id, e.seq, e.terms,
            CASE WHEN $17 AND e.embedding_model = $16 THEN 1 - (e.embedding <=> $3) END AS vector_score,
-           NULL::text AS words, ' ' || words_of(e.sender_name) || ' ' AS sender,
+           NULL::text AS text, e.sender_name AS sender,
            e.created_at AT TIME ZONE 'UTC' AS at
     FROM events e
     WHERE $7 AND e.tenant_id = $1
@@ -60,9 +60,13 @@ ev AS MATERIALIZED (
 rows AS (
     SELECT * FROM mem UNION ALL SELECT * FROM ev
 ),
--- The people the query names: speakers of the reader's sessions whose name is in the query.
-named AS (
-    SELECT DISTINCT sender FROM ev WHERE position(sender IN $18) > 0
+-- The people the query names: speakers of the reader's sessions whose name is in the query,
+-- as whole words (words_of, migration 0011: the query's words come as $18). Worked out once
+-- per distinct speaker, not per row.
+named AS MATERIALIZED (
+    SELECT sender, ' ' || words_of(sender) || ' ' AS words
+    FROM (SELECT DISTINCT sender FROM ev WHERE sender IS NOT NULL) d
+    WHERE position(' ' || words_of(sender) || ' ' IN $18) > 0
 ),
 -- BM25's idf from the reader's own rows: how many hold each of the query's words. A row holds
 -- a word when its term vector has the word's dimension (migration 0005): an inner product in C
@@ -87,9 +91,10 @@ weights AS (
 scored AS (
     SELECT r.kind, r.id, r.mid, r.session_id, r.event_id, r.seq, r.vector_score,
            coalesce(-(r.terms <#> (SELECT w FROM weights)), 0) AS fts_score,
-           coalesce(r.sender IN (SELECT sender FROM named)
-                    OR EXISTS (SELECT 1 FROM named n WHERE position(n.sender IN r.words) > 0),
-                    false) AS names_person,
+           CASE WHEN r.kind = 'event' THEN coalesce(r.sender IN (SELECT sender FROM named), false)
+                ELSE EXISTS (SELECT 1 FROM named n
+                             WHERE position(n.words IN ' ' || words_of(r.text) || ' ') > 0)
+           END AS names_person,
            (($23::int[] IS NOT NULL OR $24::int[] IS NOT NULL)
             AND ($23::int[] IS NULL OR extract(month FROM r.at)::int = ANY ($23))
             AND ($24::int[] IS NULL OR extract(year FROM r.at)::int = ANY ($24))) AS names_time
