@@ -4,6 +4,7 @@ and history, sessions of events, extraction with its decisions, search and conte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import asyncpg
@@ -232,3 +233,67 @@ async def test_wait_returns_the_operation_as_it_stands(
         too_long = await c.post("/v1/memories/delete", params={"wait": 61},
                                 json={"scope": {"user_id": "dora"}})
         assert too_long.status_code == 422 and "wait" in too_long.json()["detail"]
+
+
+async def test_a_contradiction_supersedes_and_keeps_the_old_memory(
+        api_url: str, tenant: tuple[int, str], settings: Settings, pool: asyncpg.Pool) -> None:
+    scope = {"user_id": "ana"}
+    async with client(api_url, tenant[1]) as c:
+        async def say(event_id: str, text: str, at: str) -> dict[str, Any]:
+            r = await c.post("/v1/sessions/moves/events", json={"scope": scope, "events": [
+                {"event_id": event_id, "role": "user", "sender_name": "Ana", "ending": True,
+                 "content": text, "created_at": at}]})
+            await drain(settings, pool)
+            op = await c.get(f"/v1/operations/{r.json()['extraction_operation_id']}",
+                             params=scope)
+            return op.json()
+
+        first = await say("1", "I live in Denver.", "2024-01-01T10:00:00Z")
+        assert [d["action"] for d in first["decisions"]] == ["ADD"], first
+        old_id = first["decisions"][0]["memory_id"]
+        second = await say("2", "I live in Boston.", "2024-06-01T10:00:00Z")
+        decision = second["decisions"][0]
+        assert decision["action"] == "SUPERSEDE", second
+        assert decision["target_id"] == old_id and "Denver" in decision["old_content"]
+        old = (await c.get(f"/v1/memories/{old_id}", params=scope)).json()
+        assert old["valid_until"] is not None and old["superseded_by"] == decision["memory_id"]
+        history = (await c.get(f"/v1/memories/{old_id}/history", params=scope)).json()
+        assert [h["operation"] for h in history["history"]] == ["add", "supersede"]
+        assert history["history"][1]["operation_id"] == second["id"]
+        found = (await c.post("/v1/memories/search", json={
+            "query": "where does Ana live", "scope": scope})).json()["results"]
+        assert [r["id"] for r in found] == [decision["memory_id"]]
+
+
+async def test_an_extraction_waits_for_the_session_to_go_quiet(
+        api_url: str, tenant: tuple[int, str], settings: Settings, pool: asyncpg.Pool) -> None:
+    from workers.main import build_worker
+
+    async with client(api_url, tenant[1]) as c:
+        r = await c.post("/v1/sessions/chatty/events", json={"scope": {"user_id": "u"}, "events": [
+            {"event_id": "1", "role": "user", "content": "I love long walks by the river."}]})
+    op = r.json()["extraction_operation_id"]
+    # The API's settings made the job due at once; a worker that wants 60 quiet seconds finds
+    # the session spoke just now, and hands the operation over to a job due a minute later.
+    patient = settings.model_copy(update={"extraction_quiet_s": 60.0})
+    worker = build_worker(patient, burst=False, sweep=False, poll_delay_s=0)
+    running = asyncio.create_task(worker.main())
+    try:
+        for _ in range(300):  # the worker holds the handed-over job a minute: stop it before
+            if await pool.fetchval("SELECT count(*) FROM jobs WHERE kind = 'extract' "
+                                   "AND status = 'done'"):
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        await worker.close()
+    rows = await pool.fetch("SELECT j.status, j.run_after - s.last_write_at AS wait, o.id AS op "
+                            "FROM jobs j JOIN sessions s ON s.id = 'chatty' "
+                            "LEFT JOIN operations o ON o.job_id = j.id "
+                            "WHERE j.kind = 'extract' ORDER BY j.created_at")
+    assert [r["status"] for r in rows] == ["done", "queued"]
+    assert 59 <= rows[1]["wait"].total_seconds() <= 61
+    assert str(rows[1]["op"]) == op and rows[0]["op"] is None
+    assert await pool.fetchval("SELECT extracted_seq FROM sessions WHERE id = 'chatty'") == 0
