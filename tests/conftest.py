@@ -185,3 +185,14 @@ def plan_nodes(plan: Any) -> list[dict[str, Any]]:
         return [n for p in plan for n in plan_nodes(p)]
     node = plan.get("Plan", plan)
     return [node] + [n for child in node.get("Plans", []) for n in plan_nodes(child)]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Suites marked `slow` (real faults, the schema fuzz) run in CI (`CI=true`) or with
+    MEMMILL_SLOW_TESTS=1, so that the default run stays well under ten minutes."""
+    if os.environ.get("CI") == "true" or os.environ.get("MEMMILL_SLOW_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: runs with CI=true or MEMMILL_SLOW_TESTS=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

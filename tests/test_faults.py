@@ -31,6 +31,9 @@ from pipeline.db import create_pool, migrate
 from pipeline.queue_codec import ARQ_CODEC
 from pipeline.settings import Settings
 
+# Real processes killed and restarted: minutes of wall time (see conftest).
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 LEASE_S = 2.0
 WORKER_ENV = {

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import hypothesis
+import pytest
 import requests
 import schemathesis
 from hypothesis import HealthCheck, Phase
@@ -107,6 +108,7 @@ def fuzz_operation(operation: schemathesis.APIOperation, mode: schemathesis.Gene
     run()
 
 
+@pytest.mark.slow  # a minute and a half of fuzzing (see conftest)
 async def test_the_api_answers_what_its_document_says(
     api_url: str, tenant: tuple[int, str]
 ) -> None:

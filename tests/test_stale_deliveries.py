@@ -20,12 +20,16 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 import redis
 
 from pipeline import tenants
 from pipeline.db import create_pool
 from pipeline.settings import Settings
 from tests.test_faults import Lab, prose
+
+# Real processes killed and restarted: minutes of wall time (see conftest).
+pytestmark = pytest.mark.slow
 
 JOB_TIMEOUT_S = 20
 # arq's rule: the in-progress mark lasts the longest job timeout plus 10 s.
