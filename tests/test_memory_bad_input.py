@@ -18,6 +18,8 @@ import asyncpg
 import httpx
 import pytest
 
+from tests.test_bad_input import detail_problem
+
 pytestmark = pytest.mark.asyncio
 
 U1A1 = {"user_id": "u1", "agent_id": "a1"}
@@ -648,16 +650,7 @@ async def snapshot(pool: asyncpg.Pool) -> dict[str, Any]:
 
 def problem(r: httpx.Response, case: Bad) -> str | None:
     """What is wrong with a refusal, or None when it has the status and a useful detail."""
-    if r.status_code != case.status:
-        return f"status {r.status_code}, expected {case.status}: {r.text[:300]}"
-    try:
-        detail = r.json()["detail"]
-    except (ValueError, KeyError, TypeError):
-        return f"no JSON detail: {r.text[:300]}"
-    if not isinstance(detail, str) or not detail:
-        return f"detail is not a message: {detail!r}"
-    missing = [w for w in case.words if w.lower() not in detail.lower()]
-    return f"detail {detail!r} does not mention {missing}" if missing else None
+    return detail_problem(r, case.status, case.words)
 
 
 async def send(c: httpx.AsyncClient, case: Bad, memory_id: str) -> httpx.Response:
