@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from pipeline import jobs, reindex, text_stats
+from pipeline import aggregates, jobs, reindex, text_stats
 from pipeline.db import Q
 from pipeline.jobs import Enqueuer, JobRef
 from pipeline.settings import Settings
@@ -75,6 +75,8 @@ async def sweep_once(
     refs = [JobRef(r["id"], r["kind"], r["attempts"]) for r in due]
     sent = await jobs.enqueue(pool, queue, refs, queue_name=settings.queue_name)
     await reindex.finish_if_complete(pool)
+    # Keeps the dashboard's and /metrics' counts current even while no page is open.
+    await aggregates.fold(pool)
     await text_stats.refresh_stale(pool, interval_s=settings.text_stats_interval_s)
     if expired:
         log.warning("sweeper reclaimed %d jobs whose lease expired", len(expired))

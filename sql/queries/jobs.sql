@@ -37,6 +37,8 @@ WITH claimed AS (
       -- it later) is skipped; the delivery enqueued for the new time, or the sweeper, runs it.
       AND ((status = 'queued' AND run_after <= now() + interval '1 second')
            OR (status = 'running' AND lease_until < now()))
+      -- A paused kind stays queued; its resume makes the sweeper deliver it again.
+      AND NOT EXISTS (SELECT 1 FROM paused_kinds p WHERE p.kind = jobs.kind)
     RETURNING *
 ), closed AS (
     UPDATE job_attempts SET finished_at = now(), outcome = 'lost', error = 'lease expired'
@@ -121,6 +123,7 @@ UPDATE jobs SET enqueued_at = now()
 WHERE id IN (SELECT id FROM jobs
              WHERE status = 'queued' AND run_after <= now()
                AND (enqueued_at IS NULL OR enqueued_at < now() - make_interval(secs => $1))
+               AND NOT EXISTS (SELECT 1 FROM paused_kinds p WHERE p.kind = jobs.kind)
              ORDER BY run_after LIMIT $2 FOR UPDATE SKIP LOCKED)
 RETURNING id, kind, attempts;
 

@@ -1,0 +1,1 @@
+"""The operator's dashboard: server-rendered pages at /dashboard, live over server-sent events."""
