@@ -208,6 +208,11 @@ CREATE INDEX jobs_queued_kind ON jobs (kind, tenant_id, run_after) WHERE status 
 -- The jobs page lists newest first across tenants for an operator.
 CREATE INDEX jobs_created ON jobs (created_at DESC, id DESC);
 CREATE INDEX jobs_status_kind_created ON jobs (status, kind, created_at DESC);
+-- `error:` finds a substring of the last error among a million jobs by trigrams; only jobs
+-- that failed at least once carry an error, so the index stays small and cheap to keep.
+CREATE EXTENSION IF NOT EXISTS pg_trgm;
+CREATE INDEX jobs_error_trgm ON jobs USING gin (last_error gin_trgm_ops)
+WHERE last_error IS NOT NULL;
 
 -- ---------------------------------------------------------------------------------------------
 -- Provider calls, per tenant, provider and model, by minute, hour and in total; workers add
