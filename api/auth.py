@@ -21,6 +21,16 @@ log = logging.getLogger(__name__)
 
 PRINCIPAL = "memmill.principal"
 PROTECTED_PREFIX = "/v1/"
+READING_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# POSTs that only read: their questions are too large or too structured for a query string.
+READING_POSTS = frozenset({"/v1/search", "/v1/memories/search", "/v1/context",
+                           "/v1/items/lookup"})
+READ_ONLY_REFUSAL = "this key is read-only: it can read, but not change anything"
+
+
+def changes_something(method: str, path: str) -> bool:
+    """Whether a request may change data: what a read-only key is refused (403)."""
+    return method not in READING_METHODS and path not in READING_POSTS
 DATABASE_DOWN = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
@@ -54,6 +64,10 @@ class Authenticate:
             log.warning("cannot check an API key: the database is unavailable: %s", exc)
             response = JSONResponse({"detail": "the database is unavailable; try again shortly"},
                                     status_code=503, headers={"Retry-After": "5"})
+            await response(scope, receive, send)
+            return
+        if principal.read_only and changes_something(scope["method"], scope["path"]):
+            response = JSONResponse({"detail": READ_ONLY_REFUSAL}, status_code=403)
             await response(scope, receive, send)
             return
         scope[PRINCIPAL] = principal

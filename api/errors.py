@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from api.dashboard import errors as dashboard_errors
 from pipeline.errors import MemmillError
 
 
@@ -55,13 +56,17 @@ def _validation_problem(detail: str, errors: list[dict[str, Any]]) -> JSONRespon
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(MemmillError)
-    async def _domain(_: Request, exc: MemmillError) -> JSONResponse:
+    async def _domain(request: Request, exc: MemmillError) -> Response:
+        if dashboard_errors.is_dashboard(request):
+            return await dashboard_errors.page(request, exc.status_code, exc.message, exc)
         return _domain_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
         errors = list(exc.errors())
         message = "; ".join(_readable(e) for e in errors[:5])
+        if dashboard_errors.is_dashboard(request):
+            return await dashboard_errors.page(request, 422, message)
         return _validation_problem(message, [_plain(e) for e in errors[:20]])
 
     @app.exception_handler(HTTPException)
@@ -73,6 +78,8 @@ def install(app: FastAPI) -> None:
             message = _unparsable(exc)
             return _validation_problem(message, [{"loc": ["body"], "msg": message,
                                                   "type": "body_unparsable"}])
+        if dashboard_errors.is_dashboard(request):
+            return await dashboard_errors.page(request, exc.status_code, str(exc.detail))
         return await http_exception_handler(request, exc)
 
 

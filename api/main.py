@@ -10,12 +10,24 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from arq import create_pool as create_arq_pool
 from arq.connections import RedisSettings
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 
-from api import docs, errors, openapi
+from api import docs, errors, metrics, openapi
 from api.access_log import AccessLog
 from api.auth import Authenticate
+from api.dashboard import pages, render
 from api.limits import BodySizeLimit
-from api.routes import context, dead_letters, health, items, jobs, memories, search, sessions
+from api.routes import (
+    context,
+    dead_letters,
+    health,
+    items,
+    jobs,
+    memories,
+    queues,
+    search,
+    sessions,
+)
 from pipeline.db import create_pool
 from pipeline.key_cache import KeyCache
 from pipeline.providers.embeddings import QueryCache, get_embedder
@@ -73,9 +85,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Load the model in the background so the first search does not pay for it.
         warm = getattr(embedder, "warm_up", None)
         warming = asyncio.create_task(_warm_up(warm)) if warm else None
+        app.state.live = pages.live_snapshots(settings, app.state.pool)
         try:
             yield
         finally:
+            await app.state.live.close()
             if warming is not None and not warming.done():
                 warming.cancel()
             listening.cancel()
@@ -95,8 +109,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     errors.install(app)
-    for module in (health, items, jobs, dead_letters, search, memories, sessions, context):
+    for module in (health, items, jobs, dead_letters, queues, search, memories, sessions,
+                   context):
         app.include_router(module.router)
+    app.include_router(pages.router)
+    app.include_router(metrics.router)
+    app.mount("/dashboard/static", StaticFiles(directory=render.HERE / "static"),
+              name="dashboard-static")
     openapi.install(app)
     docs.install(app)
     bulk = {path: settings.max_bulk_request_bytes for path in items.BULK_PATHS}
@@ -105,4 +124,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(Authenticate)
     # Outermost: it also logs the 401s and 413s the middlewares above answer themselves.
     app.add_middleware(AccessLog)
+    app.add_middleware(metrics.RequestMetrics)
     return app

@@ -21,7 +21,7 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic.json_schema import models_json_schema
 
-from api.auth import PROTECTED_PREFIX
+from api.auth import PROTECTED_PREFIX, changes_something
 from api.schemas import Problem, ValidationProblem
 
 REF = "#/components/schemas/{model}"
@@ -37,6 +37,7 @@ SECURITY = [{"bearer": []}, {"apiKey": []}]
 
 DESCRIPTIONS = {
     401: "No key, or one that is wrong or revoked (`WWW-Authenticate: Bearer`).",
+    403: "The key is read-only, or its role may not do this.",
     404: "No such resource in this tenant.",
     409: "The resource is not in a state that allows this.",
     413: "The body, or content in it, is larger than the configured limit.",
@@ -147,6 +148,8 @@ def _complete_operation(path: str, method: str, operation: dict[str, Any]) -> No
     if path.startswith(PROTECTED_PREFIX):
         operation["security"] = SECURITY
         statuses |= {401, 503}
+        if changes_something(method.upper(), path):
+            statuses.add(403)
     if parameters or "requestBody" in operation:
         statuses.add(422)
     if "requestBody" in operation:

@@ -483,3 +483,27 @@ class ValidationProblem(BaseModel):
 
     detail: str = Field(description="the first problems, each naming its field")
     errors: list[FieldProblem]
+
+
+class QueuePublic(BaseModel):
+    """One job kind: whether workers take it, and this tenant's jobs of it."""
+
+    kind: str
+    paused: bool = Field(description="workers do not take this kind (every tenant's)")
+    paused_at: datetime | None
+    queued: int = Field(description="this tenant's queued jobs, due or not")
+    retrying: int = Field(description="this tenant's jobs waiting out a backoff")
+    waiting: int = Field(description="this tenant's jobs waiting on another job")
+    running: int
+    oldest_due_age_s: float | None = Field(
+        description="age of this tenant's oldest due job of this kind")
+
+
+class QueuesPublic(BaseModel):
+    data: list[QueuePublic]
+
+
+class QueueChanged(BaseModel):
+    kind: str
+    paused: bool
+    changed: bool = Field(description="false when the kind already was in that state")

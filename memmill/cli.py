@@ -19,8 +19,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from memmill.client import ApiError, Client
+from memmill.keys_cli import keys_app
 from memmill.memory_cli import context, memory_app, sessions_app
-from memmill.ops import dead_app, jobs_app
+from memmill.ops import dead_app, jobs_app, queues_app
 from memmill.runtime import read_local_key, read_runtime
 from pipeline.settings import Settings
 
@@ -517,6 +518,8 @@ app.add_typer(jobs_app, name="jobs", callback=_group_options)
 app.add_typer(dead_app, name="dead-letters", callback=_group_options)
 app.add_typer(memory_app, name="memory", callback=_group_options)
 app.add_typer(sessions_app, name="sessions", callback=_group_options)
+app.add_typer(queues_app, name="queues", callback=_group_options)
+app.add_typer(keys_app, name="keys")
 app.command("context")(context)
 
 

@@ -109,6 +109,12 @@ class Client:
             return self._call("POST", f"/v1/dead-letters/{dead_letter_id}/replay")
         return self._call("POST", "/v1/dead-letters/replay", json=body)
 
+    def queues(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/queues")
+
+    def queue_action(self, kind: str, action: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/queues/{id_segment(kind)}/{action}")
+
     # agent memory ------------------------------------------------------------------------
 
     def add_memory(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""`memmill jobs …` and `memmill dead-letters …`: the operator's view of the job ledger."""
+"""`memmill jobs …`, `memmill dead-letters …` and `memmill queues …`: the operator's view
+of the job ledger."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ err = Console(stderr=True)
 
 jobs_app = typer.Typer(no_args_is_help=True, help="List, inspect, retry and cancel jobs.")
 dead_app = typer.Typer(no_args_is_help=True, help="Inspect and replay dead letters.")
+queues_app = typer.Typer(no_args_is_help=True,
+                         help="Job kinds as queues: depth, pause and resume (operators).")
 
 UrlOpt = Annotated[str | None, typer.Option("--url", envvar="MEMMILL_URL", help="API URL.")]
 KeyOpt = Annotated[str | None, typer.Option("--key", envvar="MEMMILL_API_KEY", help="API key.")]
@@ -141,3 +144,31 @@ def dead_replay(
     body = {k: v for k, v in {"kind": kind, "item_id": item}.items() if v}
     result = _call(url, key, lambda c: c.replay(dead_letter_id, body))
     console.print(f"replayed {result['replayed']} job(s)")
+
+
+@queues_app.command("list")
+def queues_list(url: UrlOpt = None, key: KeyOpt = None) -> None:
+    """Each job kind: paused or not, and this tenant's queued, retrying, waiting and running
+    jobs."""
+    result = _call(url, key, lambda c: c.queues())
+    table = Table("kind", "state", "queued", "retrying", "waiting", "running", "oldest due")
+    for q in result["data"]:
+        age = q["oldest_due_age_s"]
+        table.add_row(q["kind"], "paused" if q["paused"] else "running", str(q["queued"]),
+                      str(q["retrying"]), str(q["waiting"]), str(q["running"]),
+                      "-" if age is None else f"{age:.0f} s")
+    console.print(table)
+
+
+@queues_app.command("pause")
+def queues_pause(kind: str, url: UrlOpt = None, key: KeyOpt = None) -> None:
+    """Stop workers taking KIND, for every tenant; its jobs wait in the ledger."""
+    result = _call(url, key, lambda c: c.queue_action(kind, "pause"))
+    console.print(f"{kind} paused" if result["changed"] else f"{kind} was paused already")
+
+
+@queues_app.command("resume")
+def queues_resume(kind: str, url: UrlOpt = None, key: KeyOpt = None) -> None:
+    """Let workers take KIND again."""
+    result = _call(url, key, lambda c: c.queue_action(kind, "resume"))
+    console.print(f"{kind} resumed" if result["changed"] else f"{kind} was not paused")

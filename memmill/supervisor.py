@@ -107,6 +107,8 @@ def run_up(settings: Settings, *, workers: int) -> int:
         print(f"memmill is ready ({time.monotonic() - started:.1f}s)", flush=True)
         print(f"  API:       {settings.api_url}", flush=True)
         print(f"  API docs:  {settings.api_url}/docs", flush=True)
+        print(f"  dashboard: {settings.api_url}/dashboard (sign in with the key)", flush=True)
+        print(f"  metrics:   {settings.api_url}/metrics", flush=True)
         print(f"  API key:   {key}", flush=True)
         print(f"  workers:   {workers}", flush=True)
         print(f"  data:      {settings.data_dir}", flush=True)

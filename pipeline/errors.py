@@ -50,6 +50,12 @@ class Unauthorized(MemmillError):
     status_code = 401
 
 
+class Forbidden(MemmillError):
+    """This key may not do this."""
+
+    status_code = 403
+
+
 class TransientError(MemmillError):
     """A temporary failure; the job is retried with backoff."""
 

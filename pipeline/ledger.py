@@ -76,7 +76,7 @@ async def stats(
 AttemptBudget = Callable[[str], int]
 
 
-async def _requeue(
+async def requeue(
     conn: asyncpg.Connection, tenant_id: int, job_id: uuid.UUID, kind: str,
     fresh_attempts: AttemptBudget,
 ) -> JobRef | None:
@@ -97,7 +97,7 @@ async def retry_job(
         current = await conn.fetchrow(Q["jobs.lock"], tenant_id, job_id)
         if current is None:
             raise NotFound(f"no job with id {job_id}")
-        ref = await _requeue(conn, tenant_id, job_id, current["kind"], fresh_attempts)
+        ref = await requeue(conn, tenant_id, job_id, current["kind"], fresh_attempts)
         if ref is None:
             raise Conflict(f"job {job_id} is {current['status']}; only dead, cancelled or "
                            "queued jobs can be retried")
@@ -168,7 +168,7 @@ async def replay(
             )
         refs = []
         for target in targets:
-            ref = await _requeue(conn, tenant_id, target["job_id"], target["kind"],
+            ref = await requeue(conn, tenant_id, target["job_id"], target["kind"],
                                  fresh_attempts)
             await conn.execute(Q["dead_letters.mark_replayed"], tenant_id, target["id"])
             if ref is not None:

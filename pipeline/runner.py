@@ -18,6 +18,7 @@ from pipeline import jobs
 from pipeline.db import Q
 from pipeline.errors import PermanentError, RetryLater
 from pipeline.jobs import JobRef, RetryPolicy
+from pipeline.providers import usage
 from pipeline.tasks import TASKS, Deps, Writer
 from pipeline.tracebacks import format_error, format_traceback, scrub_paths
 
@@ -68,7 +69,8 @@ async def run_job(job_id: str, kind: str, deps: Deps) -> str:
         )
     beat = asyncio.create_task(_heartbeat(deps, job["id"], limits.lease_s))
     try:
-        writer = await task(job, deps)
+        with usage.tenant_scope(job["tenant_id"]):  # provider calls count for the job's tenant
+            writer = await task(job, deps)
         released = await _complete(job, deps, writer)
     except LeaseLost:
         log.warning("job %s attempt %d: lease lost, result discarded", job_id, attempt)

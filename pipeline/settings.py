@@ -101,6 +101,11 @@ class Settings(BaseSettings):
     shutdown_grace_s: int = Field(default=25, ge=0)
     worker_heartbeat_s: float = Field(default=5.0, gt=0)
 
+    # Dashboard: how often each view's live snapshot is computed (once, for every open tab),
+    # and how long a browser session lasts.
+    dashboard_refresh_s: float = Field(default=2.0, ge=0.2, le=60)
+    dashboard_session_hours: float = Field(default=12.0, gt=0, le=24 * 30)
+
     # Retry policy (exponential backoff with full jitter)
     retry_base_s: float = Field(default=30.0, ge=0)
     retry_max_s: float = Field(default=3600.0, ge=0)

@@ -18,12 +18,15 @@ MIN_KEY_CHARS = 16
 
 @dataclass(frozen=True)
 class Principal:
-    """Who a request acts as: the key's tenant, the key itself (for audit), and whether the
-    key is an operator's, which sees across tenants (workers, the whole queue)."""
+    """Who a request acts as: the key's tenant, the key itself (for audit), whether the key
+    is an operator's, which sees across tenants (workers, the whole queue), and whether it
+    is read-only: it reads what its role may read and changes nothing."""
 
     tenant_id: int
     key_id: int
     operator: bool = False
+    read_only: bool = False
+    key_name: str = "default"
 
 
 def hash_key(key: str) -> bytes:
@@ -45,14 +48,21 @@ async def add_key(
     *,
     name: str = "default",
     operator: bool = False,
+    read_only: bool = False,
 ) -> bool:
     """Register a key for a tenant; returns False when that exact key already exists."""
     if len(key) < MIN_KEY_CHARS or not key.isprintable() or " " in key:
         raise BadInput(f"an API key needs at least {MIN_KEY_CHARS} printable characters, no spaces")
     row_id = await conn.fetchval(
-        Q["tenants.insert_api_key"], tenant_id, key[:11], hash_key(key), name, operator
+        Q["tenants.insert_api_key"], tenant_id, key[:11], hash_key(key), name, operator,
+        read_only,
     )
     return row_id is not None
+
+
+def principal_of(row: asyncpg.Record) -> Principal:
+    return Principal(row["tenant_id"], row["id"], row["operator"], row["read_only"],
+                     row["name"])
 
 
 async def authenticate(
@@ -69,7 +79,7 @@ async def authenticate(
     row = await pool.fetchrow(Q["tenants.authenticate"], key_hash)
     if row is None:
         raise Unauthorized("invalid or revoked API key")
-    principal = Principal(row["tenant_id"], row["id"], row["operator"])
+    principal = principal_of(row)
     if cache is not None:
         cache.put(key_hash, principal, generation)
     return principal

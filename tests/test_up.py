@@ -185,6 +185,14 @@ def test_up_embedded_round_trip_stop_and_restart(tmp_path: Path, base_env: dict[
         out = cli(env, "search", "fungus and alga partnership", "--json")
         assert json.loads(out)["results"][0]["item"]["id"] == "bio/lichen"
         documents_round_trip(up.printed("API:"), KEY)
+        # The dashboard it prints takes the printed key, as an operator's.
+        dashboard = up.printed("dashboard:").split()[0]
+        with httpx.Client() as browser:
+            signed_in = browser.post(f"{dashboard}/login", data={"key": KEY})
+            assert signed_in.status_code == 303
+            overview = browser.get(dashboard)
+            assert overview.status_code == 200 and "operator" in overview.text
+            assert 'data-testid="count-done">0<' not in overview.text  # the items ran
     finally:
         leftovers = up.stop()
     assert leftovers == [], f"still running after stop: {leftovers}"

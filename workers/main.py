@@ -25,6 +25,7 @@ from redis.exceptions import WatchError
 from pipeline import jobs, reindex
 from pipeline.db import Q, create_pool
 from pipeline.jobs import JobRef
+from pipeline.providers import usage
 from pipeline.providers.embeddings import get_embedder
 from pipeline.queue_codec import ARQ_CODEC
 from pipeline.runner import run_job
@@ -197,7 +198,8 @@ async def startup(ctx: dict[str, Any]) -> None:
 
 
 async def _heartbeat_forever(deps: Deps) -> None:
-    """Tell operators this worker is alive (GET /v1/jobs/stats lists live workers)."""
+    """Tell operators this worker is alive (GET /v1/jobs/stats lists live workers), and add
+    the provider calls it counted since the last beat to the dashboard's."""
     while True:
         try:
             await deps.pool.execute(
@@ -206,7 +208,16 @@ async def _heartbeat_forever(deps: Deps) -> None:
             )
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             log.warning("worker heartbeat failed: %s", exc)
+        await _flush_usage(deps)
         await asyncio.sleep(deps.settings.worker_heartbeat_s)
+
+
+async def _flush_usage(deps: Deps) -> None:
+    """A failed flush keeps its counts for the next one; nothing here may end the heartbeat."""
+    try:
+        await usage.flush(deps.pool)
+    except Exception as exc:  # noqa: BLE001 - logged; the counts wait for the next beat
+        log.warning("could not store provider call counts (kept for the next try): %s", exc)
 
 
 async def _release_leases(deps: Deps, forget: Forget | None) -> None:
@@ -240,6 +251,7 @@ async def shutdown(ctx: dict[str, Any]) -> None:
             await _release_leases(deps, ctx.get("forget"))
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             log.warning("could not release leases at shutdown (they expire anyway): %s", exc)
+        await _flush_usage(deps)
         await deps.pool.close()
 
 

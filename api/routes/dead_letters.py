@@ -16,7 +16,7 @@ from api.schemas import (
     ReplayFilter,
     SafeStr,
 )
-from pipeline import jobs, ledger
+from pipeline import actions, jobs, ledger
 from pipeline.tracebacks import scrub_paths
 
 router = APIRouter(prefix="/v1/dead-letters", tags=["dead letters"])
@@ -61,24 +61,24 @@ async def get_dead_letter(dead_letter_id: DeadLetterId, principal: CurrentPrinci
 
 @router.post("/replay", response_model=Replayed)
 async def replay_matching(
-    body: ReplayFilter, tenant: CurrentTenant, pool: PoolDep, queue: QueueDep,
+    body: ReplayFilter, principal: CurrentPrincipal, pool: PoolDep, queue: QueueDep,
     settings: SettingsDep,
 ) -> Replayed:
     """Replay every not yet replayed dead letter that matches the filter (all by default)."""
     flt = ledger.DeadLetterFilter(body.kind, body.item_id, None, body.permanent)
-    refs = await ledger.replay(pool, tenant, fresh_attempts=settings.max_attempts_for, flt=flt,
-                               limit=body.limit)
+    refs = await actions.replay_matching(pool, principal, flt, limit=body.limit,
+                                         fresh_attempts=settings.max_attempts_for, via="api")
     await jobs.enqueue(pool, queue, refs, queue_name=settings.queue_name)
     return Replayed(replayed=len(refs), jobs=[r.id for r in refs])
 
 
 @router.post("/{dead_letter_id}/replay", response_model=Replayed)
 async def replay_one(
-    dead_letter_id: DeadLetterId, tenant: CurrentTenant, pool: PoolDep, queue: QueueDep,
+    dead_letter_id: DeadLetterId, principal: CurrentPrincipal, pool: PoolDep, queue: QueueDep,
     settings: SettingsDep,
 ) -> Replayed:
     """Put one dead-lettered job back through the normal path with fresh attempts."""
-    refs = await ledger.replay(pool, tenant, fresh_attempts=settings.max_attempts_for,
-                               dead_letter_id=dead_letter_id)
+    refs = await actions.replay_one(pool, principal, dead_letter_id,
+                                    fresh_attempts=settings.max_attempts_for, via="api")
     await jobs.enqueue(pool, queue, refs, queue_name=settings.queue_name)
     return Replayed(replayed=len(refs), jobs=[r.id for r in refs])

@@ -21,7 +21,7 @@ from api.schemas import (
     SafeStr,
     TextStatsPublic,
 )
-from pipeline import jobs, ledger, reindex, text_stats
+from pipeline import actions, jobs, ledger, reindex, text_stats
 from pipeline.db import Q
 from pipeline.errors import NotFound
 from pipeline.tenants import Principal
@@ -136,8 +136,8 @@ async def retry_job(
     settings: SettingsDep,
 ) -> JobPublic:
     """Run a dead, cancelled or backing-off job now, with a fresh budget of attempts."""
-    ref = await ledger.retry_job(pool, principal.tenant_id, job_id,
-                                 fresh_attempts=settings.max_attempts_for)
+    ref = await actions.retry(pool, principal, job_id, fresh_attempts=settings.max_attempts_for,
+                              via="api")
     await jobs.enqueue(pool, queue, [ref], queue_name=settings.queue_name)
     return await get_job(job_id, principal, pool)
 
@@ -145,5 +145,5 @@ async def retry_job(
 @router.post("/{job_id}/cancel", response_model=JobPublic)
 async def cancel_job(job_id: UUID, principal: CurrentPrincipal, pool: PoolDep) -> JobPublic:
     """Cancel a job that has not started yet (queued or waiting)."""
-    await ledger.cancel_job(pool, principal.tenant_id, job_id)
+    await actions.cancel(pool, principal, job_id, via="api")
     return await get_job(job_id, principal, pool)

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipeline.providers import usage
+
 if TYPE_CHECKING:
     from pipeline.providers.embeddings import Embedder
 
@@ -29,6 +31,9 @@ log = logging.getLogger(__name__)
 class _Request:
     texts: list[str]
     future: asyncio.Future[list[np.ndarray]] = field(repr=False)
+    # Whose job asked (pipeline.providers.usage): a merged call is counted once, for the
+    # tenant whose request opened the batch, not for whoever started the drainer.
+    tenant: int | None = field(default_factory=usage.TENANT.get)
 
 
 class BatchingEmbedder:
@@ -85,7 +90,8 @@ class BatchingEmbedder:
         try:
             while batch := self._next_batch():
                 try:
-                    vectors = await self._call([t for r in batch for t in r.texts])
+                    with usage.tenant_scope(batch[0].tenant):
+                        vectors = await self._call([t for r in batch for t in r.texts])
                 except Exception as exc:  # noqa: BLE001 - handed to the callers, who decide
                     await self._fail(batch, exc)
                     continue
@@ -117,7 +123,8 @@ class BatchingEmbedder:
             if request.future.done():
                 continue
             try:
-                result = await self._call(request.texts)
+                with usage.tenant_scope(request.tenant):
+                    result = await self._call(request.texts)
             except Exception as own:  # noqa: BLE001 - handed to its caller
                 if not request.future.done():
                     request.future.set_exception(own)

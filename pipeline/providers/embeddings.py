@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from pipeline.errors import PermanentError
+from pipeline.providers import usage
 from pipeline.providers.batching import BatchingEmbedder
 from pipeline.providers.http import SettingNames, secret_value
 from pipeline.providers.wire import OllamaWire, OpenAIWire, Wire, client_key
@@ -112,7 +113,8 @@ class LocalEmbedder:
         model for a whole long document."""
         vectors: list[np.ndarray] = []
         for start in range(0, len(texts), self._call_texts):
-            vectors += await self._encode_dealt(texts[start : start + self._call_texts])
+            with usage.timed_call("local", self.model):  # counted per tenant, as HTTP calls are
+                vectors += await self._encode_dealt(texts[start : start + self._call_texts])
         return vectors
 
     async def warm_up(self) -> None:

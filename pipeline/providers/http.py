@@ -30,6 +30,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from tenacity.wait import wait_base, wait_random_exponential
 
 from pipeline.errors import PermanentError, TransientError
+from pipeline.providers import usage
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -140,11 +141,13 @@ class _LoopState:
 
 class ProviderClient:
     """One per provider instance. The httpx client, the semaphore and the rate limiter belong
-    to an event loop, so they are made per running loop, on first use in it."""
+    to an event loop, so they are made per running loop, on first use in it. Every try is
+    counted (pipeline/providers/usage.py) under `provider` and the model its body names."""
 
     def __init__(self, settings: Settings, *, label: str, base_url: str,
-                 names: SettingNames) -> None:
+                 names: SettingNames, provider: str | None = None) -> None:
         self.label = label
+        self.provider = provider or label
         self.base_url = base_url.rstrip("/")
         self.names = names
         self.timeout_s = settings.provider_timeout_s
@@ -193,10 +196,12 @@ class ProviderClient:
         where = f"{self.label} ({self.names.base_url})"
         logged = f"{self.label} at {_display_url(url)}"
         secrets = _secrets(headers)
+        model = usage.model_name(body.get("model"))
 
         def before_sleep(retry_state: RetryCallState) -> None:
             exc = retry_state.outcome.exception() if retry_state.outcome else None
             wait = retry_state.next_action.sleep if retry_state.next_action else 0.0
+            usage.USAGE.retry(self.provider, model, wait_ms=wait * 1000)
             log.warning(
                 "%s: %s; trying again in %.2fs (try %d of %d)",
                 logged, getattr(exc, "detail", type(exc).__name__),
@@ -216,7 +221,7 @@ class ProviderClient:
         try:
             async for attempt in retrying:
                 with attempt:
-                    return await self._try_once(url, where, body, headers, secrets)
+                    return await self._try_once(url, where, body, headers, secrets, model)
         except _Retryable as exc:
             raise TransientError(
                 f"{where} still failing after {self.retries} "
@@ -225,28 +230,45 @@ class ProviderClient:
         raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
 
     async def _try_once(self, url: str, where: str, body: dict, headers: dict,
-                        secrets: list[str]) -> dict:
+                        secrets: list[str], model: str) -> dict:
         state = self._state()
-        async with state.semaphore:
-            await state.limiter.acquire()
-            try:
-                response = await state.client.post(url, json=body, headers=headers)
-            except httpx.TimeoutException as exc:
-                raise _Retryable(
-                    f"no answer within {self.timeout_s:g}s ({type(exc).__name__})"
-                ) from None
-            except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
-                raise _Retryable(
-                    f"{type(exc).__name__}: {_redact(str(exc), secrets) or 'connection failed'}"
-                ) from None
-            except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-                raise PermanentError(
-                    f"{where}: the URL is not usable ({_redact(str(exc), secrets)}): "
-                    f"check {self.names.base_url}"
-                ) from None
-            except httpx.TransportError as exc:  # proxy errors and the like
-                raise _Retryable(f"{type(exc).__name__}: {_redact(str(exc), secrets)}") from None
-        return self._read(response, where, secrets)
+        attempt = usage.Attempt(self.provider, model)
+        try:
+            async with state.semaphore:
+                await state.limiter.acquire()
+                attempt.sent()
+                response = await self._send(state, url, where, body, headers, secrets)
+            attempt.answered(response.status_code)
+            data = self._read(response, where, secrets)
+            attempt.succeeded(data)
+            return data
+        except _Retryable as exc:
+            if exc.status == 429 or exc.retry_after is not None:
+                attempt.limited(exc.retry_after)
+            raise
+        finally:
+            attempt.record()
+
+    async def _send(self, state: _LoopState, url: str, where: str, body: dict, headers: dict,
+                    secrets: list[str]) -> httpx.Response:
+        """The POST, its transport failures sorted into retryable and permanent."""
+        try:
+            return await state.client.post(url, json=body, headers=headers)
+        except httpx.TimeoutException as exc:
+            raise _Retryable(
+                f"no answer within {self.timeout_s:g}s ({type(exc).__name__})"
+            ) from None
+        except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+            raise _Retryable(
+                f"{type(exc).__name__}: {_redact(str(exc), secrets) or 'connection failed'}"
+            ) from None
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            raise PermanentError(
+                f"{where}: the URL is not usable ({_redact(str(exc), secrets)}): "
+                f"check {self.names.base_url}"
+            ) from None
+        except httpx.TransportError as exc:  # proxy errors and the like
+            raise _Retryable(f"{type(exc).__name__}: {_redact(str(exc), secrets)}") from None
 
     def _read(self, response: httpx.Response, where: str, secrets: list[str]) -> dict:
         status = response.status_code

@@ -56,6 +56,7 @@ class Wire:
         self.client = ProviderClient(
             settings,
             label=self.label,
+            provider=self.provider,
             base_url=base_url or self.default_base_url,
             names=replace(names, extra_hints=self.hints(names)),
         )

@@ -75,7 +75,7 @@ CREATE TABLE job_stat_deltas (
 );
 
 CREATE TABLE job_stats (
-    tenant_id bigint NOT NULL,
+    tenant_id bigint NOT NULL,   -- 0: every tenant together
     kind      text NOT NULL,
     grain     text NOT NULL CHECK (grain IN ('minute', 'hour', 'total')),
     period    timestamptz NOT NULL,  -- the start of the minute or hour; 'epoch' for the total
@@ -133,9 +133,10 @@ BEGIN
                 WHEN new_status = 'done' THEN 'done'
                 WHEN new_status = 'dead' THEN 'dead'
                 ELSE 'retry' END,
+           -- A claim may take a job up to a second before it is due: that waited 0, not less.
            CASE WHEN new_status = 'running'
-                     THEN extract(epoch FROM new_started_at - greatest(old_run_after, created_at))
-                          * 1000
+                     THEN greatest(0, extract(epoch FROM new_started_at
+                                                 - greatest(old_run_after, created_at)) * 1000)
                 WHEN old_status = 'running'
                      THEN extract(epoch FROM clock_timestamp() - old_started_at) * 1000
            END
@@ -143,6 +144,17 @@ BEGIN
     WHERE old_status IS DISTINCT FROM new_status AND (new_status = 'running'
        OR (old_status = 'running' AND new_status IN ('done', 'dead', 'queued'))
        OR (old_status = 'queued' AND new_status = 'dead'));
+    -- A worker taking over a job whose lease expired (running stays running, a new attempt
+    -- begins): the lost attempt counts as a retry, as when the sweeper hands it back, and the
+    -- takeover as a claim that waited from the lease's end.
+    INSERT INTO job_stat_deltas (tenant_id, kind, outcome, ms)
+    SELECT o.tenant_id, o.kind, v.outcome, v.ms
+    FROM old_rows o JOIN new_rows n USING (id)
+    CROSS JOIN LATERAL (VALUES
+        ('retry', extract(epoch FROM clock_timestamp() - o.started_at) * 1000),
+        ('claim', greatest(0, extract(epoch FROM n.started_at - o.lease_until) * 1000))
+    ) AS v (outcome, ms)
+    WHERE o.status = 'running' AND n.status = 'running' AND n.attempts <> o.attempts;
     RETURN NULL;
 END
 $$;
@@ -155,12 +167,29 @@ CREATE TRIGGER jobs_counted_update AFTER UPDATE ON jobs
 REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
 FOR EACH STATEMENT EXECUTE FUNCTION jobs_counted_update();
 
+-- TRUNCATE (of jobs, or of tenants with CASCADE) fires no DELETE trigger: every count is zero
+-- then. The fold's lock first, so that a fold under way does not add its deltas back after.
+CREATE FUNCTION jobs_counted_truncate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(7314159266);
+    DELETE FROM job_count_deltas;
+    DELETE FROM job_counts;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER jobs_counted_truncate AFTER TRUNCATE ON jobs
+FOR EACH STATEMENT EXECUTE FUNCTION jobs_counted_truncate();
+
 -- The jobs already in the ledger when this migration runs.
 INSERT INTO job_counts (tenant_id, kind, status, n)
 SELECT tenant_id, kind, job_state(status, last_error), count(*) FROM jobs GROUP BY 1, 2, 3;
 
 -- Adds the deltas up; returns false, doing nothing, when another session is folding. Minute
 -- rows are kept 3 hours and hour rows 8 days: the pages show the last hour and the last day.
+-- Periods are UTC minutes and hours, whatever the folding session's time zone: in one at
+-- +05:30 date_trunc('hour') would fall on :30 UTC, and two sessions in different zones would
+-- split one hour into two rows.
 CREATE FUNCTION fold_job_aggregates() RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
     IF NOT pg_try_advisory_xact_lock(7314159266) THEN
@@ -173,11 +202,14 @@ BEGIN
     DELETE FROM job_counts WHERE n = 0;
 
     WITH taken AS (DELETE FROM job_stat_deltas RETURNING *),
+    -- Each attempt counts for its tenant and for tenant 0, the whole installation (no tenant
+    -- has id 0): an operator's last hour reads 60 rows a kind, however many tenants there are.
     grains AS (
         SELECT g.grain, CASE g.grain WHEN 'total' THEN 'epoch'::timestamptz
-                                     ELSE date_trunc(g.grain, t.at) END AS period,
-               t.tenant_id, t.kind, t.outcome, t.ms
+                                     ELSE date_trunc(g.grain, t.at, 'UTC') END AS period,
+               w.tenant_id, t.kind, t.outcome, t.ms
         FROM taken t CROSS JOIN (VALUES ('minute'), ('hour'), ('total')) AS g (grain)
+        CROSS JOIN LATERAL (VALUES (t.tenant_id), (0::bigint)) AS w (tenant_id)
     )
     INSERT INTO job_stats AS s (grain, period, tenant_id, kind, done, retried, dead,
                                 wait_hist, run_hist, run_ms, wait_ms)

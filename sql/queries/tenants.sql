@@ -4,7 +4,8 @@ ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
 RETURNING id;
 
 -- name: insert_api_key
-INSERT INTO api_keys (tenant_id, prefix, key_hash, name, operator) VALUES ($1, $2, $3, $4, $5)
+INSERT INTO api_keys (tenant_id, prefix, key_hash, name, operator, read_only)
+VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (key_hash) DO NOTHING
 RETURNING id;
 
@@ -13,7 +14,7 @@ RETURNING id;
 -- concurrent requests queue on it.
 -- name: authenticate
 WITH key AS (
-    SELECT id, tenant_id, operator, last_used_at FROM api_keys
+    SELECT id, tenant_id, operator, read_only, name, last_used_at FROM api_keys
     WHERE key_hash = $1 AND revoked_at IS NULL
 ), used AS (
     UPDATE api_keys k SET last_used_at = now()
@@ -21,4 +22,4 @@ WITH key AS (
     WHERE k.id = key.id
       AND (key.last_used_at IS NULL OR key.last_used_at < now() - interval '1 minute')
 )
-SELECT id, tenant_id, operator FROM key;
+SELECT id, tenant_id, operator, read_only, name FROM key;
