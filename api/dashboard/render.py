@@ -36,9 +36,10 @@ def rate(value: float | None) -> str:
 def ms(value: float | None) -> str:
     if value is None:
         return "–"
+    # The figure is a histogram bucket's upper bound (pipeline.aggregates): "at most".
     if value < 1000:
         return f"≤{value:.0f} ms" if value >= 1 else "≤1 ms"
-    return duration_s(value / 1000)
+    return f"≤{duration_s(value / 1000)}"
 
 
 def duration_s(value: float | None) -> str:

@@ -107,54 +107,44 @@ BEGIN
 END
 $$;
 
--- A status change moves one count; a claim records how long the job waited once due, and the
--- end of an attempt how long it ran. A lease renewal changes no status and appends nothing.
+-- A change of state moves one count; a claim records how long the job waited once due, the
+-- end of an attempt how long it ran. Row by row, behind a WHEN that Postgres checks without
+-- calling the function: most updates of a job (lease renewals, enqueue stamps) change no
+-- state and cost nothing here. A statement-level trigger with transition tables ran for every
+-- one of them and built both tables each time.
 CREATE FUNCTION jobs_counted_update() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    old_state text := job_state(OLD.status, OLD.last_error);
+    new_state text := job_state(NEW.status, NEW.last_error);
 BEGIN
-    WITH moved AS (
-        SELECT o.tenant_id, o.kind, o.status AS old_status, n.status AS new_status,
-               job_state(o.status, o.last_error) AS old_state,
-               job_state(n.status, n.last_error) AS new_state,
-               o.run_after AS old_run_after, o.created_at, o.started_at AS old_started_at,
-               n.started_at AS new_started_at
-        FROM old_rows o JOIN new_rows n USING (id)
-        WHERE job_state(o.status, o.last_error) IS DISTINCT FROM job_state(n.status, n.last_error)
-    ), counts AS (
+    IF old_state IS DISTINCT FROM new_state THEN
         INSERT INTO job_count_deltas (tenant_id, kind, status, n)
-        SELECT tenant_id, kind, status, sum(n) FROM (
-            SELECT tenant_id, kind, old_state AS status, -1 AS n FROM moved
-            UNION ALL
-            SELECT tenant_id, kind, new_state, 1 FROM moved
-        ) d GROUP BY 1, 2, 3 HAVING sum(n) <> 0
-    )
-    INSERT INTO job_stat_deltas (tenant_id, kind, outcome, ms)
-    SELECT tenant_id, kind,
-           CASE WHEN new_status = 'running' THEN 'claim'
-                WHEN new_status = 'done' THEN 'done'
-                WHEN new_status = 'dead' THEN 'dead'
-                ELSE 'retry' END,
-           -- A claim may take a job up to a second before it is due: that waited 0, not less.
-           CASE WHEN new_status = 'running'
-                     THEN greatest(0, extract(epoch FROM new_started_at
-                                                 - greatest(old_run_after, created_at)) * 1000)
-                WHEN old_status = 'running'
-                     THEN extract(epoch FROM clock_timestamp() - old_started_at) * 1000
-           END
-    FROM moved
-    WHERE old_status IS DISTINCT FROM new_status AND (new_status = 'running'
-       OR (old_status = 'running' AND new_status IN ('done', 'dead', 'queued'))
-       OR (old_status = 'queued' AND new_status = 'dead'));
-    -- A worker taking over a job whose lease expired (running stays running, a new attempt
-    -- begins): the lost attempt counts as a retry, as when the sweeper hands it back, and the
-    -- takeover as a claim that waited from the lease's end.
-    INSERT INTO job_stat_deltas (tenant_id, kind, outcome, ms)
-    SELECT o.tenant_id, o.kind, v.outcome, v.ms
-    FROM old_rows o JOIN new_rows n USING (id)
-    CROSS JOIN LATERAL (VALUES
-        ('retry', extract(epoch FROM clock_timestamp() - o.started_at) * 1000),
-        ('claim', greatest(0, extract(epoch FROM n.started_at - o.lease_until) * 1000))
-    ) AS v (outcome, ms)
-    WHERE o.status = 'running' AND n.status = 'running' AND n.attempts <> o.attempts;
+        VALUES (OLD.tenant_id, OLD.kind, old_state, -1), (NEW.tenant_id, NEW.kind, new_state, 1);
+    END IF;
+    IF NEW.status = 'running' AND OLD.status <> 'running' THEN
+        -- A claim may take a job up to a second before it is due: that waited 0, not less.
+        INSERT INTO job_stat_deltas (tenant_id, kind, outcome, ms)
+        VALUES (NEW.tenant_id, NEW.kind, 'claim',
+                greatest(0, extract(epoch FROM NEW.started_at
+                                       - greatest(OLD.run_after, OLD.created_at)) * 1000));
+    ELSIF OLD.status = 'running' AND NEW.status IN ('done', 'dead', 'queued') THEN
+        INSERT INTO job_stat_deltas (tenant_id, kind, outcome, ms)
+        VALUES (NEW.tenant_id, NEW.kind,
+                CASE NEW.status WHEN 'done' THEN 'done' WHEN 'dead' THEN 'dead' ELSE 'retry' END,
+                extract(epoch FROM clock_timestamp() - OLD.started_at) * 1000);
+    ELSIF OLD.status = 'queued' AND NEW.status = 'dead' THEN
+        INSERT INTO job_stat_deltas (tenant_id, kind, outcome, ms)
+        VALUES (NEW.tenant_id, NEW.kind, 'dead', NULL);
+    ELSIF OLD.status = 'running' AND NEW.status = 'running' THEN
+        -- A worker taking over a job whose lease expired (a new attempt, still running): the
+        -- lost attempt counts as a retry, as when the sweeper hands it back, and the takeover
+        -- as a claim that waited from the lease's end.
+        INSERT INTO job_stat_deltas (tenant_id, kind, outcome, ms)
+        VALUES (NEW.tenant_id, NEW.kind, 'retry',
+                extract(epoch FROM clock_timestamp() - OLD.started_at) * 1000),
+               (NEW.tenant_id, NEW.kind, 'claim',
+                greatest(0, extract(epoch FROM NEW.started_at - OLD.lease_until) * 1000));
+    END IF;
     RETURN NULL;
 END
 $$;
@@ -163,9 +153,12 @@ CREATE TRIGGER jobs_counted_insert AFTER INSERT ON jobs REFERENCING NEW TABLE AS
 FOR EACH STATEMENT EXECUTE FUNCTION jobs_counted_insert();
 CREATE TRIGGER jobs_counted_delete AFTER DELETE ON jobs REFERENCING OLD TABLE AS old_rows
 FOR EACH STATEMENT EXECUTE FUNCTION jobs_counted_delete();
-CREATE TRIGGER jobs_counted_update AFTER UPDATE ON jobs
-REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-FOR EACH STATEMENT EXECUTE FUNCTION jobs_counted_update();
+CREATE TRIGGER jobs_counted_update AFTER UPDATE OF status, last_error, attempts ON jobs
+FOR EACH ROW
+WHEN (OLD.status IS DISTINCT FROM NEW.status
+      OR (OLD.last_error IS NULL) <> (NEW.last_error IS NULL)
+      OR OLD.attempts IS DISTINCT FROM NEW.attempts)
+EXECUTE FUNCTION jobs_counted_update();
 
 -- TRUNCATE (of jobs, or of tenants with CASCADE) fires no DELETE trigger: every count is zero
 -- then. The fold's lock first, so that a fold under way does not add its deltas back after.
