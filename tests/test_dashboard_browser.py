@@ -25,6 +25,10 @@ from tests.conftest import drain
 from tests.test_dashboard import _dead_jobs, viewer_key  # noqa: F401 - a fixture
 from tests.test_jobs_api import FAULT, probe_task  # noqa: F401 - an autouse fixture
 
+# A minute of real browser: with the other slow suites, in CI (CI=true) or on request
+# (MEMMILL_SLOW_TESTS=1), so that a plain `./dev test` stays well under ten minutes.
+pytestmark = pytest.mark.slow
+
 COUNTS_JS = """() => Object.fromEntries([...document.querySelectorAll('[data-testid^="count-"]')]
     .map(e => [e.dataset.testid.slice(6), Number(e.textContent.replace(/[^0-9]/g, ''))]))"""
 
