@@ -3,7 +3,8 @@
 FastAPI reads and parses a request's body before it solves the route's dependencies, so a key
 checked by a dependency came after a 94 MB body without a key had been parsed in full (5 s and
 half a gigabyte for a 401). This middleware runs first: a request without a valid key gets its
-401 from the headers alone, and the routes read who it is from the scope."""
+401 from the headers alone, and a key whose role may not make the request (api/roles.py) its
+403; the routes read who it is from the scope."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from api import roles
 from pipeline import tenants
 from pipeline.errors import MemmillError
 
@@ -21,16 +23,6 @@ log = logging.getLogger(__name__)
 
 PRINCIPAL = "memmill.principal"
 PROTECTED_PREFIX = "/v1/"
-READING_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-# POSTs that only read: their questions are too large or too structured for a query string.
-READING_POSTS = frozenset({"/v1/search", "/v1/memories/search", "/v1/context",
-                           "/v1/items/lookup"})
-READ_ONLY_REFUSAL = "this key is read-only: it can read, but not change anything"
-
-
-def changes_something(method: str, path: str) -> bool:
-    """Whether a request may change data: what a read-only key is refused (403)."""
-    return method not in READING_METHODS and path not in READING_POSTS
 DATABASE_DOWN = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
@@ -66,8 +58,10 @@ class Authenticate:
                                     status_code=503, headers={"Retry-After": "5"})
             await response(scope, receive, send)
             return
-        if principal.read_only and changes_something(scope["method"], scope["path"]):
-            response = JSONResponse({"detail": READ_ONLY_REFUSAL}, status_code=403)
+        method, path = scope["method"], scope["path"]
+        if not principal.may(roles.role_needed(method, path)):
+            response = JSONResponse({"detail": roles.refusal(method, path, principal.role)},
+                                    status_code=403)
             await response(scope, receive, send)
             return
         scope[PRINCIPAL] = principal

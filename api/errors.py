@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from api.dashboard import errors as dashboard_errors
-from pipeline.errors import MemmillError
+from pipeline.errors import MemmillError, QuotaExceeded
 
 
 def _encodable(text: str) -> str:
@@ -44,9 +44,19 @@ def _domain_response(exc: MemmillError) -> JSONResponse:
         # The same shape as a request validation failure; the rule broken is not one field's.
         return _validation_problem(exc.message, [{"loc": [], "msg": _encodable(exc.message),
                                                   "type": "bad_input"}])
+    if isinstance(exc, QuotaExceeded):
+        return quota_response(exc)
     headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
     return JSONResponse({"detail": _encodable(exc.message)}, status_code=exc.status_code,
                         headers=headers)
+
+
+def quota_response(exc: QuotaExceeded) -> JSONResponse:
+    """A 429 names the limit with its value and use, and says when to come back, in the body
+    and as `Retry-After`. The rate limiter (api/rate_limit.py), which answers before any
+    route runs, sends the same."""
+    return JSONResponse({"detail": _encodable(exc.message), **exc.fields}, status_code=429,
+                        headers={"Retry-After": str(exc.retry_after_s)})
 
 
 def _validation_problem(detail: str, errors: list[dict[str, Any]]) -> JSONResponse:

@@ -17,16 +17,23 @@ from api.access_log import AccessLog
 from api.auth import Authenticate
 from api.dashboard import pages, render
 from api.limits import BodySizeLimit
+from api.rate_limit import RateLimit
 from api.routes import (
+    audit,
     context,
     dead_letters,
     health,
     items,
     jobs,
+    keys,
     memories,
     queues,
     search,
     sessions,
+    tenants,
+    transfer,
+    usage,
+    webhooks,
 )
 from pipeline.db import create_pool
 from pipeline.key_cache import KeyCache
@@ -110,7 +117,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     errors.install(app)
     for module in (health, items, jobs, dead_letters, queues, search, memories, sessions,
-                   context):
+                   context, tenants, keys, audit, webhooks, usage, transfer):
         app.include_router(module.router)
     app.include_router(pages.router)
     app.include_router(metrics.router)
@@ -119,7 +126,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     openapi.install(app)
     docs.install(app)
     bulk = {path: settings.max_bulk_request_bytes for path in items.BULK_PATHS}
+    bulk[transfer.IMPORT_PATH] = settings.max_import_request_bytes
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes, larger=bulk)
+    # Right after the key: a tenant over its requests a minute is refused before its body.
+    app.add_middleware(RateLimit)
     # Added last, so it runs first: the key is checked before the size, and both before a body.
     app.add_middleware(Authenticate)
     # Outermost: it also logs the 401s and 413s the middlewares above answer themselves.

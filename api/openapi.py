@@ -21,8 +21,9 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic.json_schema import models_json_schema
 
-from api.auth import PROTECTED_PREFIX, changes_something
-from api.schemas import Problem, ValidationProblem
+from api.auth import PROTECTED_PREFIX
+from api.roles import role_needed
+from api.schemas import Problem, QuotaProblem, ValidationProblem
 
 REF = "#/components/schemas/{model}"
 
@@ -37,17 +38,21 @@ SECURITY = [{"bearer": []}, {"apiKey": []}]
 
 DESCRIPTIONS = {
     401: "No key, or one that is wrong or revoked (`WWW-Authenticate: Bearer`).",
-    403: "The key is read-only, or its role may not do this.",
+    403: "The key's role may not do this (`detail` names the role it needs), or the key is "
+         "bound to another user or agent than the request names.",
     404: "No such resource in this tenant.",
     409: "The resource is not in a state that allows this.",
     413: "The body, or content in it, is larger than the configured limit.",
     422: "The request is not valid: `detail` says what is wrong, `errors` where.",
+    429: "Over one of the tenant's limits: `limit` names it; nothing was written; retry after "
+         "`Retry-After`.",
     503: "The database (or Redis) cannot be reached; try again shortly.",
 }
 
 # The headers `api.auth.Authenticate` sends with its answers.
 HEADERS = {
     401: {"WWW-Authenticate": {"description": "`Bearer`", "schema": {"type": "string"}}},
+    429: {"Retry-After": {"description": "whole seconds", "schema": {"type": "string"}}},
     503: {"Retry-After": {"description": "seconds", "schema": {"type": "string"}}},
 }
 
@@ -121,16 +126,32 @@ def complete(document: dict[str, Any]) -> dict[str, Any]:
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
     _, problems = models_json_schema(
-        [(Problem, "serialization"), (ValidationProblem, "serialization")], ref_template=REF)
+        [(Problem, "serialization"), (ValidationProblem, "serialization"),
+         (QuotaProblem, "serialization")], ref_template=REF)
     schemas.update(problems["$defs"])
     components["securitySchemes"] = SECURITY_SCHEMES
     for path, operations in document.get("paths", {}).items():
         for method, operation in operations.items():
-            _complete_operation(path, method, operation)
+            _complete_operation(path, method, operation, schemas)
     return document
 
 
-def _complete_operation(path: str, method: str, operation: dict[str, Any]) -> None:
+SCOPE_FIELDS = frozenset({"user_id", "agent_id", "scope"})
+
+
+def _scoped(operation: dict[str, Any], schemas: dict[str, Any]) -> bool:
+    """Whether the request names a user or agent (a parameter, or a field of its JSON body):
+    a key bound to another one is refused with a 403 (api/binding.py)."""
+    if any(p["name"] in SCOPE_FIELDS for p in operation.get("parameters", [])):
+        return True
+    body = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
+    ref = body.get("schema", {}).get("$ref", "")
+    properties = schemas.get(ref.rsplit("/", 1)[-1], {}).get("properties", {})
+    return bool(SCOPE_FIELDS & properties.keys())
+
+
+def _complete_operation(path: str, method: str, operation: dict[str, Any],
+                        schemas: dict[str, Any]) -> None:
     if method == "post" and path == UPLOAD_PATH:
         operation["requestBody"] = UPLOAD_BODY
     # The key is a security scheme, never a parameter of its own.
@@ -147,8 +168,8 @@ def _complete_operation(path: str, method: str, operation: dict[str, Any]) -> No
     statuses: set[int] = set(EXTRA_STATUSES.get((method, path), ()))
     if path.startswith(PROTECTED_PREFIX):
         operation["security"] = SECURITY
-        statuses |= {401, 503}
-        if changes_something(method.upper(), path):
+        statuses |= {401, 429, 503}
+        if role_needed(method.upper(), path) != "read" or _scoped(operation, schemas):
             statuses.add(403)
     if parameters or "requestBody" in operation:
         statuses.add(422)
@@ -157,7 +178,7 @@ def _complete_operation(path: str, method: str, operation: dict[str, Any]) -> No
     if any(p["in"] == "path" for p in parameters):
         statuses.add(404)
     for status in sorted(statuses):
-        model = ValidationProblem if status == 422 else Problem
+        model = {422: ValidationProblem, 429: QuotaProblem}.get(status, Problem)
         responses[str(status)] = {
             "description": DESCRIPTIONS[status],
             "content": {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}},

@@ -470,6 +470,18 @@ class Problem(BaseModel):
     detail: str = Field(description="what is wrong, in a sentence")
 
 
+class QuotaProblem(BaseModel):
+    """The body of every 429 (`api.errors.quota_response`), sent with `Retry-After` in whole
+    seconds: the schema the OpenAPI document gives the 429 of every `/v1/` route."""
+
+    detail: str = Field(description="what is exceeded, in a sentence")
+    limit: str = Field(description="requests_per_minute, items, memories, bytes or jobs")
+    limit_value: int
+    used: int
+    adding: int = Field(description="what the refused request would have added")
+    retry_after_s: int = Field(description="the same as Retry-After")
+
+
 class FieldProblem(BaseModel):
     loc: list[str | int] = Field(
         description='where: ["body", "filters", "tags", "lang"], ["query", "offset"]; empty'

@@ -421,7 +421,7 @@ async def seed(dsn: str, n: int) -> Seeded:
         ids = [await tenants.ensure_tenant(conn, f"bench-{i:02d}") for i in range(10)]
         names = {tid: f"bench-{i:02d}" for i, tid in enumerate(ids)}
         key = tenants.new_key()
-        await tenants.add_key(conn, ids[0], key, name="bench-operator", operator=True)
+        await tenants.add_key(conn, ids[0], key, name="bench-operator", role="operator")
         slots = tenant_map(ids)
         big_slots = {s for s in range(100) if slots[s] == ids[0]}
         item = pick_item(n, big_slots)

@@ -19,7 +19,7 @@ async def register_bootstrap_key(dsn: str, settings: Settings, key: str) -> None
     conn = await asyncpg.connect(dsn)
     try:
         tenant_id = await tenants.ensure_tenant(conn, settings.default_tenant)
-        await tenants.add_key(conn, tenant_id, key, name="bootstrap", operator=True)
+        await tenants.add_key(conn, tenant_id, key, name="bootstrap", role="operator")
     finally:
         await conn.close()
 

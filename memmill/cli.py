@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from memmill.admin_cli import keys_app, tenants_app
 from memmill.client import ApiError, Client
-from memmill.keys_cli import keys_app
 from memmill.memory_cli import context, memory_app, sessions_app
 from memmill.ops import dead_app, jobs_app, queues_app
 from memmill.runtime import read_local_key, read_runtime
@@ -520,6 +520,7 @@ app.add_typer(memory_app, name="memory", callback=_group_options)
 app.add_typer(sessions_app, name="sessions", callback=_group_options)
 app.add_typer(queues_app, name="queues", callback=_group_options)
 app.add_typer(keys_app, name="keys")
+app.add_typer(tenants_app, name="tenants")
 app.command("context")(context)
 
 

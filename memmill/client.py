@@ -164,3 +164,51 @@ class Client:
 
     def context(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/context", json=body)
+
+    # tenants, keys and the audit log ----------------------------------------------------------
+
+    def create_tenant(self, name: str) -> dict[str, Any]:
+        return self._call("POST", "/v1/tenants", json={"name": name})
+
+    def tenants(self, params: dict[str, Any]) -> dict[str, Any]:
+        return self._call("GET", "/v1/tenants",
+                          params={k: v for k, v in params.items() if v is not None})
+
+    def tenant(self, tenant_id: int) -> dict[str, Any]:
+        return self._call("GET", f"/v1/tenants/{tenant_id}")
+
+    def tenant_action(self, tenant_id: int, action: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/tenants/{tenant_id}/{action}")
+
+    def delete_tenant(self, tenant_id: int) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/tenants/{tenant_id}")
+
+    def create_key(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/keys", json={k: v for k, v in body.items() if v is not None})
+
+    def keys(self, params: dict[str, Any]) -> dict[str, Any]:
+        return self._call("GET", "/v1/keys",
+                          params={k: v for k, v in params.items() if v is not None})
+
+    def revoke_key(self, key_id: int, tenant_id: int | None = None) -> dict[str, Any]:
+        params = {"tenant_id": tenant_id} if tenant_id is not None else None
+        return self._call("DELETE", f"/v1/keys/{key_id}", params=params)
+
+    def rotate_key(self, key_id: int, grace_s: int,
+                   tenant_id: int | None = None) -> dict[str, Any]:
+        params = {"tenant_id": tenant_id} if tenant_id is not None else None
+        return self._call("POST", f"/v1/keys/{key_id}/rotate", params=params,
+                          json={"grace_s": grace_s})
+
+    def audit(self, params: dict[str, Any]) -> dict[str, Any]:
+        return self._call("GET", "/v1/audit",
+                          params={k: v for k, v in params.items() if v is not None})
+
+    def limits(self, tenant_id: int) -> dict[str, Any]:
+        return self._call("GET", f"/v1/tenants/{tenant_id}/limits")
+
+    def set_limits(self, tenant_id: int, limits: dict[str, int | None]) -> dict[str, Any]:
+        return self._call("PUT", f"/v1/tenants/{tenant_id}/limits", json=limits)
+
+    def usage(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/usage")

@@ -41,10 +41,11 @@ async def audit(
     pool: asyncpg.Pool | asyncpg.Connection, principal: Principal, action: str, *,
     tenant_id: int | None, via: Via, target: str | None = None,
     filter: dict[str, Any] | None = None, affected: int = 0, skipped: int = 0,
+    result: str = "ok",
 ) -> None:
     await pool.execute(
         Q["dashboard.audit"], tenant_id, principal.key_id, principal.key_name, action, target,
-        filter, affected, skipped, via,
+        filter, affected, skipped, via, result,
     )
 
 

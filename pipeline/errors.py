@@ -56,6 +56,28 @@ class Forbidden(MemmillError):
     status_code = 403
 
 
+class QuotaExceeded(MemmillError):
+    """The tenant is over one of its limits; try again later."""
+
+    status_code = 429
+
+    def __init__(self, limit: str, *, limit_value: int, used: int, adding: int,
+                 retry_after_s: int, message: str | None = None) -> None:
+        super().__init__(message or f"tenant quota exceeded: {limit} (limit {limit_value}, "
+                                    f"used {used}, adding {adding})")
+        self.limit = limit
+        self.limit_value = limit_value
+        self.used = used
+        self.adding = adding
+        self.retry_after_s = max(1, retry_after_s)
+
+    @property
+    def fields(self) -> dict[str, str | int]:
+        """What the 429's body says besides `detail`, so a client need not parse the text."""
+        return {"limit": self.limit, "limit_value": self.limit_value, "used": self.used,
+                "adding": self.adding, "retry_after_s": self.retry_after_s}
+
+
 class TransientError(MemmillError):
     """A temporary failure; the job is retried with backoff."""
 

@@ -15,11 +15,15 @@ import random
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import asyncpg
 
+from pipeline import fairness
 from pipeline.db import Q
+from pipeline.fairness import FairJob, FairQueueing
+from pipeline.settings import get_settings
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +36,10 @@ EXTRACT = "extract"
 REINDEX = "reindex"
 EMBED_MEMORY = "embed_memory"
 FORGET = "forget"
-KINDS = (REGULARIZE, OCR, ANALYZE, SUMMARIZE, EMBED, EXTRACT, REINDEX, EMBED_MEMORY, FORGET)
+ERASE_TENANT = "erase_tenant"
+WEBHOOK = "webhook"
+KINDS = (REGULARIZE, OCR, ANALYZE, SUMMARIZE, EMBED, EXTRACT, REINDEX, EMBED_MEMORY, FORGET,
+         ERASE_TENANT, WEBHOOK)
 
 # Ledger statuses, in the order a job moves through them.
 WAITING, QUEUED, RUNNING, DONE, DEAD, CANCELLED = (
@@ -60,11 +67,16 @@ STAGE_HEAD_START_S = {
     EMBED: 7200.0,
     EMBED_MEMORY: 7200.0,
     FORGET: 0.0,
+    ERASE_TENANT: 0.0,
+    # A delivery is small and someone waits for it: ahead of any backlog, like the last stage.
+    WEBHOOK: 7200.0,
 }
 
 
 class Enqueuer(Protocol):
-    """What we need of a queue: arq's `ArqRedis.enqueue_job` fits this shape."""
+    """What we need of a queue: arq's `ArqRedis.enqueue_job` fits this shape. A queue that
+    can also run Lua scripts (`register_script`, as arq's pool can) gets fair scores (see
+    `pipeline.fairness`); with one that cannot, jobs are scored by due time alone."""
 
     async def enqueue_job(
         self,
@@ -73,6 +85,8 @@ class Enqueuer(Protocol):
         _job_id: str | None = None,
         _queue_name: str | None = None,
         _defer_by: float | None = None,
+        _defer_until: datetime | None = None,
+        _expires: float | None = None,
     ) -> Any: ...
 
 
@@ -95,6 +109,8 @@ class JobRef:
     # Due later than now (an extraction waiting for its session to go quiet): the queue holds
     # it back this long. None: due at once, with its stage's head start.
     defer_s: float | None = None
+    # Whose job it is: fair queueing orders tenants' jobs by it. None: by due time alone.
+    tenant_id: int | None = None
 
     @property
     def queue_job_id(self) -> str:
@@ -135,14 +151,16 @@ async def create_jobs(
         args.append((job_id, tenant_id, spec.kind, item_id, version, status, depends_on,
                      max_attempts(spec.kind), payload or {}))
         ids[spec.kind] = job_id
-        rows.append({"id": job_id, "kind": spec.kind, "status": status, "attempts": 0})
+        rows.append({"id": job_id, "kind": spec.kind, "status": status, "attempts": 0,
+                     "tenant_id": tenant_id})
     if args:
         await conn.executemany(Q["jobs.insert"], args)
     return rows
 
 
 def refs_to_enqueue(rows: Iterable[dict[str, Any]]) -> list[JobRef]:
-    return [JobRef(r["id"], r["kind"], r.get("attempts", 0)) for r in rows if r["status"] == QUEUED]
+    return [JobRef(r["id"], r["kind"], r.get("attempts", 0), tenant_id=r.get("tenant_id"))
+            for r in rows if r["status"] == QUEUED]
 
 
 async def enqueue(
@@ -152,20 +170,27 @@ async def enqueue(
     *,
     queue_name: str,
     defer_s: float | None = None,
+    fair: FairQueueing | None = None,
 ) -> int:
     """Put committed jobs on the fast lane. A failure here loses nothing: the ledger row stays
     queued with no enqueue time, and the sweeper enqueues it. Returns how many went through.
-    Without `defer_s` a job is due at once, with its stage's head start."""
+    Without `defer_s` a job is due at once: scored fairly among tenants (`fair`, by default
+    the process's settings; see `pipeline.fairness`), or by due time with its stage's head
+    start when fair queueing is off or the job has no tenant."""
+    try:
+        placements = await _placements(queue, refs, queue_name, defer_s,
+                                       fair or FairQueueing.of(get_settings()))
+    except Exception as exc:  # noqa: BLE001 - Redis down must not fail the request
+        log.warning("scoring %d jobs failed, the sweeper will enqueue them: %s", len(refs), exc)
+        return 0
     sent: list[uuid.UUID] = []
-    for ref in refs:
+    for ref, placement in zip(refs, placements, strict=True):
         try:
-            await queue.enqueue_job(
-                ref.kind,
-                str(ref.id),
-                _job_id=ref.queue_job_id,
-                _queue_name=queue_name,
-                _defer_by=_defer_of(ref, defer_s),
-            )
+            if placement is not None:  # None: already queued (arq would refuse it too)
+                await queue.enqueue_job(
+                    ref.kind, str(ref.id), _job_id=ref.queue_job_id, _queue_name=queue_name,
+                    **placement,
+                )
             sent.append(ref.id)
         except Exception as exc:  # noqa: BLE001 - Redis down must not fail the request
             log.warning("enqueue of job %s failed, the sweeper will retry: %s", ref.id, exc)
@@ -176,6 +201,38 @@ async def enqueue(
         except Exception as exc:  # noqa: BLE001 - only an optimisation for the sweeper
             log.warning("could not record enqueue time: %s", exc)
     return len(sent)
+
+
+async def _placements(
+    queue: Enqueuer, refs: Sequence[JobRef], queue_name: str, defer_s: float | None,
+    fair: FairQueueing,
+) -> list[dict[str, Any] | None]:
+    """arq's scheduling arguments for each ref: a fair score, or a delay by due time."""
+    placements: list[dict[str, Any] | None] = [{"_defer_by": _defer_of(r, defer_s)} for r in refs]
+    if not (fair.enabled and isinstance(queue, fairness.ScriptRunner)):
+        return placements
+    chosen = [(i, FairJob(r.tenant_id, round(STAGE_HEAD_START_S.get(r.kind, 0.0) * 1000),
+                          r.queue_job_id))
+              for i, r in enumerate(refs) if r.tenant_id is not None and _due_now(r, defer_s)]
+    if not chosen:
+        return placements
+    scores = await fairness.fair_scores(queue, queue_name, [job for _, job in chosen],
+                                        cost_ms=fair.cost_ms)
+    for (i, _), score in zip(chosen, scores, strict=True):
+        placements[i] = None if score == fairness.ALREADY_QUEUED else {
+            # Exact milliseconds (a delay would be added to arq's own reading of the clock),
+            # and a key expiry of its own: arq's would count from a score that may be past.
+            "_defer_until": datetime.fromtimestamp(score / 1000, UTC),
+            "_expires": fairness.JOB_EXPIRES_S,
+        }
+    return placements
+
+
+def _due_now(ref: JobRef, defer_s: float | None) -> bool:
+    """A deferred job (a retry's backoff, an extraction waiting for quiet) keeps its
+    wall-clock due time: only jobs due now are scored fairly."""
+    defer = defer_s if defer_s is not None else ref.defer_s
+    return defer is None or defer <= 0
 
 
 def _defer_of(ref: JobRef, defer_s: float | None) -> float:

@@ -12,6 +12,7 @@ from typing import Any
 
 import asyncpg
 
+from pipeline import webhooks
 from pipeline.db import Q
 from pipeline.errors import Conflict, NotFound
 from pipeline.jobs import JobRef
@@ -86,7 +87,7 @@ async def requeue(
     await conn.execute(Q["jobs.restore_dependents"], job_id)
     if row["item_id"] is not None:
         await conn.execute(Q["items.mark_pending"], tenant_id, row["item_id"])
-    return JobRef(row["id"], row["kind"], row["attempts"])
+    return JobRef(row["id"], row["kind"], row["attempts"], tenant_id=row["tenant_id"])
 
 
 async def retry_job(
@@ -126,6 +127,8 @@ async def cancel_job(pool: asyncpg.Pool, tenant_id: int, job_id: uuid.UUID) -> a
         if row["item_id"] is not None:
             await conn.execute(Q["items.mark_failed"], tenant_id, row["item_id"],
                                f"{row['kind']}: cancelled by an operator")
+        # Not returned to the caller, who enqueues nothing: the next sweep does.
+        await webhooks.job_cancelled(conn, row)
     return row
 
 

@@ -14,9 +14,10 @@ import uuid
 
 import asyncpg
 
-from pipeline import jobs
+from pipeline import jobs, webhooks
 from pipeline.db import Q
 from pipeline.errors import PermanentError, RetryLater
+from pipeline.fairness import FairQueueing
 from pipeline.jobs import JobRef, RetryPolicy
 from pipeline.providers import usage
 from pipeline.tasks import TASKS, Deps, Writer
@@ -82,7 +83,8 @@ async def run_job(job_id: str, kind: str, deps: Deps) -> str:
         with contextlib.suppress(asyncio.CancelledError):
             await beat
     log.debug("job %s %s attempt %d: done", job_id, job["kind"], attempt)
-    await jobs.enqueue(deps.pool, deps.queue, released, queue_name=deps.settings.queue_name)
+    await jobs.enqueue(deps.pool, deps.queue, released, queue_name=deps.settings.queue_name,
+                       fair=FairQueueing.of(deps.settings))
     return "done"
 
 
@@ -94,9 +96,13 @@ async def _complete(job: asyncpg.Record, deps: Deps, writer: Writer) -> list[Job
         if not completed:
             raise LeaseLost()
         follow_ups = await writer(conn) or []
+        marked = None
         if job["item_id"] is not None:
-            await conn.execute(Q["items.mark_ready_if_done"], job["tenant_id"], job["item_id"])
-    released = [JobRef(r["id"], r["kind"], r["attempts"]) for r in completed if r["id"] is not None]
+            marked = await conn.execute(Q["items.mark_ready_if_done"], job["tenant_id"],
+                                        job["item_id"])
+        follow_ups += await webhooks.job_done(conn, job, item_ready=marked == "UPDATE 1")
+    released = [JobRef(r["id"], r["kind"], r["attempts"], tenant_id=r["tenant_id"])
+                for r in completed if r["id"] is not None]
     return released + follow_ups
 
 
@@ -129,7 +135,7 @@ async def _fail(
     await jobs.enqueue(
         deps.pool,
         deps.queue,
-        [JobRef(row["id"], row["kind"], row["attempts"])],
+        [JobRef(row["id"], row["kind"], row["attempts"], tenant_id=row["tenant_id"])],
         queue_name=deps.settings.queue_name,
         defer_s=delay_s,
     )
@@ -172,7 +178,10 @@ async def _dead_letter(
             await conn.execute(
                 Q["items.mark_failed"], job["tenant_id"], job["item_id"], f"{job['kind']}: {reason}"
             )
+        notices = await webhooks.job_dead(conn, job, reason, permanent=permanent)
     log.error(
         "job %s %s dead after attempt %d: %s", job["id"], job["kind"], job["attempts"], reason
     )
+    await jobs.enqueue(deps.pool, deps.queue, notices, queue_name=deps.settings.queue_name,
+                       fair=FairQueueing.of(deps.settings))
     return "dead"

@@ -16,7 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 # settings import nothing of the pipeline, and checked equal by a test).
 JOB_KINDS = (
     "regularize", "ocr", "analyze", "summarize", "embed", "extract", "reindex",
-    "embed_memory", "forget",
+    "embed_memory", "forget", "erase_tenant", "webhook",
 )
 
 
@@ -77,12 +77,28 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(default=4_000_000, ge=1)
     # POST /v1/items/batch and /v1/items/upload carry many items or files in one body.
     max_bulk_request_bytes: int = Field(default=100_000_000, ge=1)
+    # POST /v1/import: a whole tenant's export (spooled to a temporary file while checked).
+    max_import_request_bytes: int = Field(default=2_000_000_000, ge=1)
     max_batch_items: int = Field(default=1000, ge=1)
     max_id_chars: int = Field(default=512, ge=1)
     max_tags: int = Field(default=64, ge=0)
 
+    # Per-tenant limits (pipeline/quotas.py, api/rate_limit.py): what a tenant whose own limit
+    # is NULL gets. None is unlimited, which a self-hosted single tenant wants; a hosting
+    # operator sets MEMMILL_DEFAULT_LIMIT_ITEMS and the like.
+    default_limit_requests_per_minute: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    default_limit_items: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    default_limit_memories: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    default_limit_bytes: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    default_limit_jobs: int | None = Field(default=None, ge=0, le=2**63 - 1)
+
     # Queue and workers
     queue_name: str = "memmill:queue"
+    # Fair queueing between tenants (pipeline/fairness.py): one tenant's bulk load does not
+    # hold back another's next item. Each job costs its tenant this much virtual time; scores
+    # are whole milliseconds, so less than 1 would tie a tenant's jobs.
+    fair_queueing: bool = True
+    fair_cost_ms: float = Field(default=1.0, ge=1.0, le=60_000.0)
     # Concurrent jobs per worker. Embed jobs mostly wait for the model, and the more of them
     # wait at once, the larger the batch the model gets: 32 ingested SciFact about 20% faster
     # than 8, and 128 (merged calls of ~120 texts instead of ~30) 4% faster than 32.
@@ -134,6 +150,12 @@ class Settings(BaseSettings):
     # Private, loopback and link-local addresses are refused unless listed here (host names,
     # addresses or CIDR blocks, as JSON), e.g. '["10.0.0.0/8", "wiki.internal"]'.
     fetch_allow: list[str] = Field(default_factory=list)
+
+    # Webhooks (pipeline/webhooks.py): their URLs pass the same SSRF guard, under
+    # MEMMILL_FETCH_ALLOW. A delivery (connect, send, answer) gets this long, redirects are not
+    # followed; a tenant may have this many endpoints.
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    webhook_max_endpoints: int = Field(default=20, ge=1, le=1000)
 
     # Providers: local by default; OpenAI-compatible, Anthropic or Ollama over HTTP by choice.
     summary_model: str = ""

@@ -20,6 +20,7 @@ import asyncpg
 
 from pipeline import aggregates, jobs, reindex, text_stats
 from pipeline.db import Q
+from pipeline.fairness import FairQueueing
 from pipeline.jobs import Enqueuer, JobRef
 from pipeline.settings import Settings
 
@@ -72,8 +73,9 @@ async def sweep_once(
     await forget_quietly(forget, dead_deliveries(expired))
     due = await pool.fetch(Q["jobs.due_unenqueued"], settings.enqueue_grace_s, SWEEP_BATCH)
     # Reclaimed jobs are queued and unenqueued now, so the second query already returns them.
-    refs = [JobRef(r["id"], r["kind"], r["attempts"]) for r in due]
-    sent = await jobs.enqueue(pool, queue, refs, queue_name=settings.queue_name)
+    refs = [JobRef(r["id"], r["kind"], r["attempts"], tenant_id=r["tenant_id"]) for r in due]
+    sent = await jobs.enqueue(pool, queue, refs, queue_name=settings.queue_name,
+                              fair=FairQueueing.of(settings))
     await reindex.finish_if_complete(pool)
     # Keeps the dashboard's and /metrics' counts current even while no page is open.
     await aggregates.fold(pool)

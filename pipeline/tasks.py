@@ -377,3 +377,8 @@ TASKS: dict[str, Task] = {
 from pipeline.memory import tasks as memory_tasks  # noqa: E402
 
 TASKS.update(memory_tasks.TASKS)
+
+# Erasing a tenant is the operator's job, under the operator's tenant (pipeline/erasure.py).
+from pipeline import erasure  # noqa: E402
+
+TASKS[jobs.ERASE_TENANT] = erasure.erase_tenant

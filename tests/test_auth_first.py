@@ -79,7 +79,7 @@ async def test_the_principal_says_whose_key_and_whether_an_operator(
     plain = await tenants.authenticate(pool, key)
     assert (plain.tenant_id, plain.operator) == (tenant_id, False)
     operator_key = tenants.new_key()
-    assert await tenants.add_key(pool, tenant_id, operator_key, name="ops", operator=True)
+    assert await tenants.add_key(pool, tenant_id, operator_key, name="ops", role="operator")
     operator = await tenants.authenticate(pool, operator_key)
     assert (operator.tenant_id, operator.operator) == (tenant_id, True)
     assert operator.key_id != plain.key_id

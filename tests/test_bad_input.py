@@ -23,7 +23,11 @@ import asyncpg
 import httpx
 import pytest
 
+from api.roles import role_needed
+from pipeline import tenants
+
 TABLES = ("items", "sources", "jobs", "item_versions", "parts")
+ADMIN_TABLES = ("tenants", "api_keys", "audit_log", "tenant_limits", "webhooks", "memories")
 EXISTING = "notes/existing"
 GOOD = {"id": EXISTING, "content": "The existing note, stored before each bad request."}
 
@@ -57,6 +61,8 @@ async def snapshot(pool: asyncpg.Pool) -> dict[str, Any]:
         "items": await rows("SELECT * FROM items ORDER BY tenant_id, id"),
         "sources": await rows("SELECT * FROM sources ORDER BY tenant_id, item_id, version"),
         "jobs": await rows("SELECT * FROM jobs ORDER BY id"),
+        # What the admin and operator routes write: nothing, for a bad request.
+        "admin": {t: await pool.fetchval(f"SELECT count(*) FROM {t}") for t in ADMIN_TABLES},
     }
 
 
@@ -611,10 +617,18 @@ def body_probes(doc: dict[str, Any]) -> list[Probe]:
 
 async def run_probes(http: httpx.AsyncClient, pool: asyncpg.Pool, probes: list[Probe],
                      expected_state: dict[str, Any]) -> None:
+    """Each probe with the default tenant's admin key, or an operator's for the routes only
+    an operator may call (another key's 403 comes before any validation)."""
+    operator = tenants.new_key()
+    await tenants.add_key(pool, await tenants.ensure_tenant(pool, "default"), operator,
+                          name="probe-operator", role="operator")
+    expected_state = {**expected_state, "admin": (await snapshot(pool))["admin"]}
     failures = []
     for probe in probes:
-        r = await http.request(probe.method, probe.url, content=probe.body,
-                               headers={"content-type": "application/json"})
+        headers = {"content-type": "application/json"}
+        if role_needed(probe.method, probe.url.split("?")[0]) == "operator":
+            headers["Authorization"] = f"Bearer {operator}"
+        r = await http.request(probe.method, probe.url, content=probe.body, headers=headers)
         problem = detail_problem(r, 422, (probe.field, *probe.words))
         if problem is None and not isinstance(r.json().get("errors"), list):
             problem = f"no errors list: {r.text[:300]}"

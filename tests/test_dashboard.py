@@ -43,14 +43,14 @@ def csrf_of(html: str) -> str:
 @pytest.fixture
 async def operator_key(pool: asyncpg.Pool, tenant: tuple[int, str]) -> str:
     key = tenants.new_key()
-    await tenants.add_key(pool, tenant[0], key, name="ops", operator=True)
+    await tenants.add_key(pool, tenant[0], key, name="ops", role="operator")
     return key
 
 
 @pytest.fixture
 async def viewer_key(pool: asyncpg.Pool, tenant: tuple[int, str]) -> str:
     key = tenants.new_key()
-    await tenants.add_key(pool, tenant[0], key, name="watcher", read_only=True)
+    await tenants.add_key(pool, tenant[0], key, name="watcher", role="read")
     return key
 
 
@@ -366,30 +366,35 @@ async def test_live_stream_updates_and_is_shared_between_tabs(
 
 
 async def test_keys_made_by_the_cli_carry_their_role(
-    api_url: str, settings: Settings, pool: asyncpg.Pool,
+    api_url: str, pool: asyncpg.Pool, operator_key: str,
 ) -> None:
-    import os
-    import sys
+    from tests.test_jobs_api import _cli
 
-    env = {**os.environ, "MEMMILL_DATABASE_URL": settings.database_url or ""}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "memmill", "keys", "create", "--tenant", "acme", "--name",
-        "night-shift", "--operator", "--read-only", env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await process.communicate()
-    assert process.returncode == 0, err.decode()
-    key = out.decode().strip().splitlines()[-1]
+    code, out = await _cli(api_url, operator_key, "tenants", "create", "acme")
+    assert code == 0, out
+    code, out = await _cli(api_url, operator_key, "keys", "create", "--tenant", "acme",
+                           "--name", "night-shift", "--role", "read")
+    assert code == 0, out
+    key = out.strip().splitlines()[-1]
     assert key.startswith("mm_")
-    row = await pool.fetchrow("SELECT k.operator, k.read_only, k.name, t.name AS tenant "
-                              "FROM api_keys k JOIN tenants t ON t.id = k.tenant_id")
-    assert dict(row) == {"operator": True, "read_only": True, "name": "night-shift",
+    row = await pool.fetchrow("SELECT k.role, k.read_only, k.name, t.name AS tenant "
+                              "FROM api_keys k JOIN tenants t ON t.id = k.tenant_id "
+                              "WHERE k.name = 'night-shift'")
+    assert dict(row) == {"role": "read", "read_only": True, "name": "night-shift",
                          "tenant": "acme"}
     client = await sign_in(api_url, key)
     try:
         who = (await client.get("/dashboard")).text
-        assert "key night-shift · tenant acme · operator, read-only" in who
+        assert "key night-shift · tenant acme · read" in who
     finally:
         await client.aclose()
+    # A key bound to an agent cannot open the dashboard: it shows the whole tenant's jobs.
+    code, out = await _cli(api_url, operator_key, "keys", "create", "--tenant", "acme",
+                           "--name", "bot", "--role", "read", "--agent-id", "bot-1")
+    bound = out.strip().splitlines()[-1]
+    async with httpx.AsyncClient(base_url=api_url) as browser:
+        refused = await browser.post("/dashboard/login", data={"key": bound})
+    assert refused.status_code == 403 and "bound" in refused.text
 
 
 async def test_queues_api_and_cli_pause_for_operators_only(

@@ -259,7 +259,7 @@ async def test_dead_letters_show_no_server_path_nor_host(
     assert [h["worker_id"] for h in detail["history"]] == [
         f"worker-{w.rsplit(':', 1)[1]}" for w in worker_ids]
     operator_key = tenants.new_key()
-    await tenants.add_key(pool, tenant[0], operator_key, name="ops", operator=True)
+    await tenants.add_key(pool, tenant[0], operator_key, name="ops", role="operator")
     async with httpx.AsyncClient(base_url=api_url,
                                  headers={"Authorization": f"Bearer {operator_key}"}) as op:
         seen = (await op.get(f"/v1/dead-letters/{letter['id']}")).json()
@@ -298,7 +298,7 @@ async def test_operator_cli(
     assert code == 0 and job_id in out and "1 of 1" in out
     # The queue's depth is the installation's: an operator's key sees it.
     operator_key = tenants.new_key()
-    await tenants.add_key(pool, tenant[0], operator_key, name="ops", operator=True)
+    await tenants.add_key(pool, tenant[0], operator_key, name="ops", role="operator")
     code, out = await _cli(api_url, operator_key, "jobs", "stats")
     assert code == 0 and "probe" in out and "queue depth: 0" in out
     FAULT["mode"] = None

@@ -22,7 +22,7 @@ from tests.test_jobs_api import probe_task  # noqa: F401 - fixture
 @pytest.fixture
 async def operator_key(pool: asyncpg.Pool, tenant: tuple[int, str]) -> str:
     key = tenants.new_key()
-    await tenants.add_key(pool, tenant[0], key, name="ops", operator=True)
+    await tenants.add_key(pool, tenant[0], key, name="ops", role="operator")
     return key
 
 

@@ -12,6 +12,7 @@ failure replays the same way.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import time
@@ -58,6 +59,16 @@ CHECKS = {
 }
 # Health checks answer a documented 503 by design while no worker runs, as here.
 HEALTH_PATHS = ("/healthz", "/readyz")
+# A valid request to these retires the fuzzing key itself when it names its id (1, a value
+# the generator loves), and every later request is a 401: they get invalid requests only.
+# Their valid uses are tested in tests/test_hosting.py.
+RETIRE_KEYS = ("DELETE /v1/keys/{key_id}", "POST /v1/keys/{key_id}/rotate")
+
+
+@schemathesis.serializer("application/x-ndjson")
+def _ndjson(ctx: Any, value: Any) -> bytes:
+    """POST /v1/import takes NDJSON: a generated value is sent as one JSON line."""
+    return json.dumps(value).encode() + b"\n"
 
 
 def fuzz(api_url: str, key: str, mode: schemathesis.GenerationMode) -> tuple[list[str], Counter]:
@@ -71,6 +82,8 @@ def fuzz(api_url: str, key: str, mode: schemathesis.GenerationMode) -> tuple[lis
     with requests.Session() as session:
         for result in schema.get_all_operations():
             operation = result.ok()
+            if mode is schemathesis.GenerationMode.POSITIVE and operation.label in RETIRE_KEYS:
+                continue
             try:
                 fuzz_operation(operation, mode, api_url, session, headers, seen)
             except hypothesis.errors.Unsatisfiable:
@@ -186,7 +199,7 @@ async def test_the_document_names_its_security_schemes_and_error_answers(
         for status in documented - {"422"}:
             if status.startswith("4") or (status == "503" and path.startswith("/v1/")):
                 assert responses[status]["content"]["application/json"]["schema"] == \
-                    ref("Problem"), (where, status)
+                    ref("QuotaProblem" if status == "429" else "Problem"), (where, status)
     for conflict in ("/v1/jobs/{job_id}/retry", "/v1/jobs/{job_id}/cancel",
                      "/v1/dead-letters/{dead_letter_id}/replay"):
         assert "409" in doc["paths"][conflict]["post"]["responses"], conflict

@@ -203,7 +203,7 @@ async def test_job_stats_show_a_tenant_its_own_numbers_and_an_operator_the_rest(
     other_tenant: tuple[int, str],
 ) -> None:
     operator_key = tenants.new_key()
-    await tenants.add_key(pool, tenant[0], operator_key, name="ops", operator=True)
+    await tenants.add_key(pool, tenant[0], operator_key, name="ops", role="operator")
     # A live worker, written as its heartbeat writes it.
     await pool.execute(Q["workers.heartbeat"], "stats-host:4242:abcdef", "stats-host", 4242,
                        settings.queue_name)

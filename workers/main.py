@@ -22,8 +22,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.exceptions import WatchError
 
-from pipeline import jobs, reindex
+from pipeline import jobs, reindex, webhooks
 from pipeline.db import Q, create_pool
+from pipeline.fairness import FairQueueing
 from pipeline.jobs import JobRef
 from pipeline.providers import usage
 from pipeline.providers.embeddings import get_embedder
@@ -34,6 +35,9 @@ from pipeline.sweeper import Forget, dead_deliveries, forget_quietly, sweep_fore
 from pipeline.tasks import TASKS, Deps
 
 log = logging.getLogger(__name__)
+
+# Sending a webhook is a job like any other (pipeline/webhooks.py), run by the same wrapper.
+TASKS[jobs.WEBHOOK] = webhooks.deliver
 
 
 # What a Redis outage raises in the redis client: a refused or reset connection, a timeout, and
@@ -234,8 +238,10 @@ async def _release_leases(deps: Deps, forget: Forget | None) -> None:
     if released:
         log.warning("handed %d unfinished jobs back to the queue", len(released))
         await forget_quietly(forget, dead_deliveries(released))
-        refs = [JobRef(r["id"], r["kind"], r["attempts"]) for r in released]
-        await jobs.enqueue(deps.pool, deps.queue, refs, queue_name=deps.settings.queue_name)
+        refs = [JobRef(r["id"], r["kind"], r["attempts"], tenant_id=r["tenant_id"])
+                for r in released]
+        await jobs.enqueue(deps.pool, deps.queue, refs, queue_name=deps.settings.queue_name,
+                           fair=FairQueueing.of(deps.settings))
 
 
 async def shutdown(ctx: dict[str, Any]) -> None:

@@ -26,7 +26,7 @@ from api.dashboard.session import ActingViewerDep, Viewer, ViewerDep
 from api.routes.jobs import attempt_fields
 from pipeline import actions, aggregates, dead_letter_search, job_search, jobs
 from pipeline.db import Q
-from pipeline.errors import BadInput, NotFound, Unauthorized
+from pipeline.errors import BadInput, Forbidden, NotFound, Unauthorized
 from pipeline.providers import usage
 from pipeline.settings import Settings
 
@@ -134,6 +134,10 @@ async def login(request: Request) -> Response:
     except Unauthorized:
         return _page(request, "login.html", None, title="Sign in", status_code=401,
                      notice="That key is not valid or was revoked.", notice_kind="bad",
+                     next=_safe_next(target if isinstance(target, str) else "/dashboard"))
+    except Forbidden as exc:
+        return _page(request, "login.html", None, title="Sign in", status_code=403,
+                     notice=exc.message, notice_kind="bad",
                      next=_safe_next(target if isinstance(target, str) else "/dashboard"))
     response = RedirectResponse(
         _safe_next(target if isinstance(target, str) else "/dashboard"), status_code=303)

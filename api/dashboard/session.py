@@ -66,13 +66,17 @@ class Viewer:
 
     @property
     def role(self) -> str:
-        role = "operator" if self.operator else "tenant"
-        return f"{role}, read-only" if self.principal.read_only else role
+        return self.principal.role
 
 
 async def sign_in(pool: asyncpg.Pool, key: str, *, ttl_s: float) -> str:
-    """A new session for a valid key; its token for the cookie. Unauthorized otherwise."""
+    """A new session for a valid key; its token for the cookie. Unauthorized otherwise, and
+    Forbidden for a key bound to a user or agent: the dashboard shows the whole tenant's jobs,
+    which such a key must not read."""
     principal = await tenants.authenticate(pool, key.strip())
+    if principal.bound:
+        raise Forbidden("this key is bound to a user or an agent: the dashboard shows the "
+                        "whole tenant's jobs, so it needs an unbound key")
     token = secrets.token_urlsafe(32)
     await pool.execute(Q["dashboard.purge_sessions"])
     await pool.execute(Q["dashboard.create_session"], tenants.hash_key(token),

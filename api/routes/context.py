@@ -23,8 +23,9 @@ async def context(body: ContextRequest, principal: CurrentPrincipal, pool: PoolD
     count, `truncated` when something was left out, and the ids of everything included."""
     packed = await assemble.build(pool, search_pool, queries, settings,
                                   tenant_id=principal.tenant_id,
-                                  ask=assemble.ContextAsk(scope_of(body.scope), body.session_id,
-                                                          body.query, body.max_tokens))
+                                  ask=assemble.ContextAsk(scope_of(principal, body.scope),
+                                                          body.session_id, body.query,
+                                                          body.max_tokens))
     return ContextResponse(
         context=packed.context, sections=[{"name": s.name, "tokens": s.tokens}
                                           for s in packed.sections],

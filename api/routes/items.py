@@ -24,7 +24,7 @@ from api.schemas import (
     JobBrief,
     SafeStr,
 )
-from pipeline import items, jobs, versions
+from pipeline import items, jobs, quotas, versions
 from pipeline.db import Q
 from pipeline.errors import BadInput, MemmillError, PayloadTooLarge
 from pipeline.settings import Settings
@@ -64,6 +64,7 @@ async def put_item(
     without reprocessing."""
     new = _new_item(body)
     items.check_new_item(new, settings)
+    await quotas.check_items(pool, tenant, [new], settings)
     async with pool.acquire() as conn, conn.transaction():
         result = await items.put_item(conn, tenant_id=tenant, item=new, settings=settings)
     await jobs.enqueue(
@@ -102,6 +103,7 @@ async def _put_many(
     results: list[BatchAccepted] = []
     to_enqueue: list[jobs.JobRef] = []
     if accepted:
+        await quotas.check_items(pool, tenant, [new for _, new in accepted], settings)
         async with pool.acquire() as conn, conn.transaction():
             for index, new in accepted:
                 result = await items.put_item(conn, tenant_id=tenant, item=new, settings=settings)
@@ -205,6 +207,9 @@ def _form_tags(raw: Any) -> dict[str, str]:
         tags = json.loads(_form_text("tags", raw))
     except json.JSONDecodeError as exc:
         raise BadInput(f"tags must be a JSON object of strings: {exc}") from None
+    except RecursionError:  # Python's reader gives up on JSON nested thousands deep
+        raise BadInput("tags: JSON nested too deeply (tags must be a JSON object of "
+                       "strings)") from None
     try:
         return _FORM_TAGS.validate_python(tags)
     except ValidationError as exc:

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, BackgroundTasks, Header, Query, Response
 
+from api.binding import Reader, acting_as
 from api.deps import (
     CurrentPrincipal,
     PoolDep,
@@ -36,12 +37,11 @@ from api.memory_schemas import (
     RecallResults,
     RecallSearch,
     ScopedDelete,
-    ScopeId,
     ScopeIn,
     WaitSeconds,
 )
 from api.schemas import SafeStr
-from pipeline import jobs
+from pipeline import jobs, quotas
 from pipeline.db import Q
 from pipeline.errors import BadInput, NotFound
 from pipeline.jobs import JobSpec
@@ -57,12 +57,9 @@ IfMatch = Annotated[str | None, Header(alias="If-Match", description=(
     "The version the change was made from, as the ETag of a read gave it (\"3\" or 3)."))]
 
 
-def scope_of(body: ScopeIn) -> Scope:
-    return Scope(body.user_id, body.agent_id)
-
-
-def reader_of(user_id: str | None, agent_id: str | None) -> Scope:
-    return Scope(user_id, agent_id)
+def scope_of(principal: Principal, body: ScopeIn) -> Scope:
+    """A body's scope, as the key's binding allows (api/binding.py)."""
+    return acting_as(principal, body.user_id, body.agent_id)
 
 
 def public(row: Any) -> MemoryPublic:
@@ -97,12 +94,14 @@ def _etag(response: Response, row: Any) -> None:
 async def add_memory(body: MemoryCreate, principal: CurrentPrincipal, pool: PoolDep,
                      queue: QueueDep, settings: SettingsDep, response: Response) -> MemoryWritten:
     """Store a memory now (searchable by its words at once) and queue its embedding."""
-    scope = scope_of(body.scope)
+    scope = scope_of(principal, body.scope)
     new = NewMemory(
         type=body.type, content=body.content, confidence=body.confidence, source=body.source,
         metadata=body.metadata, hints=tuple(body.hints), pinned=body.pinned,
         observed_at=body.observed_at, session_id=body.session_id,
         source_events=tuple((r.session_id, r.event_id) for r in body.source_events))
+    await quotas.check(pool, principal.tenant_id, memories=1, bytes=len(new.content.encode()),
+                       jobs=1, settings=settings)
     async with pool.acquire() as conn, conn.transaction():
         row, op, refs = await memories.add(
             conn, tenant_id=principal.tenant_id, scope=scope, visibility=body.visibility,
@@ -119,7 +118,8 @@ async def search_memories(body: RecallSearch, principal: CurrentPrincipal, pool:
     """Hybrid search over the memories the scope may read and, with `include_events`, the
     events of its sessions. Each result says its kind; a memory lists its source events."""
     params = recall.RecallQuery(
-        query=body.query, reader=scope_of(body.scope), limit=body.limit, offset=body.offset,
+        query=body.query, reader=scope_of(principal, body.scope), limit=body.limit,
+        offset=body.offset,
         memories=body.include_memories, events=body.include_events, session_id=body.session_id,
         types=body.types, valid_only=body.valid_only, as_of=body.as_of,
         min_confidence=body.min_confidence, after=body.after, before=body.before)
@@ -160,8 +160,7 @@ def _read_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
 
 @router.get("/v1/memories", response_model=MemoriesPage)
 async def list_memories(
-    principal: CurrentPrincipal, pool: PoolDep,
-    user_id: ScopeId | None = None, agent_id: ScopeId | None = None,
+    principal: CurrentPrincipal, pool: PoolDep, reader: Reader,
     type: Annotated[list[SafeStr], Query(max_length=50, description=(
         "Only these types (repeat the parameter for several)."))] = [],  # noqa: B006
     valid_only: bool = True,
@@ -170,7 +169,8 @@ async def list_memories(
 ) -> MemoriesPage:
     """The memories the scope may read, newest first, a page at a time."""
     after = _read_cursor(cursor) if cursor else (None, None)
-    rows = await pool.fetch(Q["memories.list"], principal.tenant_id, user_id, agent_id,
+    rows = await pool.fetch(Q["memories.list"], principal.tenant_id, reader.user_id,
+                            reader.agent_id,
                             type or None,
                             valid_only, after[0], after[1], limit + 1)
     more = len(rows) > limit
@@ -181,11 +181,10 @@ async def list_memories(
 
 @router.get("/v1/memories/{memory_id}", response_model=MemoryPublic)
 async def get_memory(memory_id: uuid.UUID, principal: CurrentPrincipal, pool: PoolDep,
-                     response: Response, user_id: ScopeId | None = None,
-                     agent_id: ScopeId | None = None) -> MemoryPublic:
+                     response: Response, reader: Reader) -> MemoryPublic:
     """One memory, if the scope (`user_id`, `agent_id`) may read it. The ETag is its version."""
-    row = await pool.fetchrow(Q["memories.get"], principal.tenant_id, memory_id, user_id,
-                              agent_id)
+    row = await pool.fetchrow(Q["memories.get"], principal.tenant_id, memory_id,
+                              reader.user_id, reader.agent_id)
     if row is None:
         raise NotFound(f"no memory {memory_id}")
     _etag(response, row)
@@ -199,11 +198,14 @@ async def update_memory(memory_id: uuid.UUID, body: MemoryUpdate, principal: Cur
     """Change a memory's fields (never its scope), from the version the writer read: a stale
     version is a 409 that names the current one."""
     version = expected(body.expected_version, if_match, required=True)
-    scope = scope_of(body.scope)
+    scope = scope_of(principal, body.scope)
     change = Change(content=body.content, type=body.type, confidence=body.confidence,
                     source=body.source, metadata=body.metadata,
                     hints=tuple(body.hints) if body.hints is not None else None,
                     pinned=body.pinned, observed_at=body.observed_at)
+    if body.content is not None:  # new content: its bytes, and a job to embed it
+        await quotas.check(pool, principal.tenant_id, bytes=len(body.content.encode()), jobs=1,
+                           settings=settings)
     async with pool.acquire() as conn, conn.transaction():
         row, op, refs = await memories.update(
             conn, tenant_id=principal.tenant_id, memory_id=memory_id, reader=scope,
@@ -221,7 +223,7 @@ async def invalidate_memory(memory_id: uuid.UUID, body: MemoryInvalidate,
     """Mark a memory no longer valid (from `valid_until`, default now), with a reason. It
     stays, with its history; searches for valid memories (the default) leave it out."""
     version = expected(body.expected_version, if_match, required=False)
-    scope = scope_of(body.scope)
+    scope = scope_of(principal, body.scope)
     async with pool.acquire() as conn, conn.transaction():
         row = await memories.invalidate(
             conn, tenant_id=principal.tenant_id, memory_id=memory_id, reader=scope,
@@ -233,23 +235,21 @@ async def invalidate_memory(memory_id: uuid.UUID, body: MemoryInvalidate,
 
 @router.delete("/v1/memories/{memory_id}", status_code=204, response_class=Response)
 async def delete_memory(memory_id: uuid.UUID, principal: CurrentPrincipal, pool: PoolDep,
-                        user_id: ScopeId | None = None, agent_id: ScopeId | None = None,
-                        if_match: IfMatch = None) -> Response:
+                        reader: Reader, if_match: IfMatch = None) -> Response:
     """Delete a memory with its history, vector and text index entries."""
     version = expected(None, if_match, required=False)
     async with pool.acquire() as conn, conn.transaction():
         await memories.delete(conn, tenant_id=principal.tenant_id, memory_id=memory_id,
-                              reader=reader_of(user_id, agent_id), expected_version=version)
+                              reader=reader, expected_version=version)
     return Response(status_code=204)
 
 
 @router.get("/v1/memories/{memory_id}/history", response_model=MemoryHistory)
 async def memory_history(memory_id: uuid.UUID, principal: CurrentPrincipal, pool: PoolDep,
-                         user_id: ScopeId | None = None,
-                         agent_id: ScopeId | None = None) -> MemoryHistory:
+                         reader: Reader) -> MemoryHistory:
     """Every change of the memory: who (key and agent), which operation, old and new content."""
-    if await pool.fetchrow(Q["memories.get"], principal.tenant_id, memory_id, user_id,
-                           agent_id) is None:
+    if await pool.fetchrow(Q["memories.get"], principal.tenant_id, memory_id, reader.user_id,
+                           reader.agent_id) is None:
         raise NotFound(f"no memory {memory_id}")
     rows = await pool.fetch(Q["memories.history"], principal.tenant_id, memory_id)
     return MemoryHistory(memory_id=memory_id, history=[HistoryEntry(**dict(r)) for r in rows])
@@ -261,7 +261,8 @@ async def delete_by_scope(body: ScopedDelete, principal: CurrentPrincipal, pool:
                           wait: WaitQuery = None) -> OperationAccepted:
     """Delete every memory of a scope (a non-empty one: an empty scope is refused) as a job,
     a batch per transaction, then count again; the operation reports the counts."""
-    scope = body.scope.model_dump(exclude_none=True)
+    bound = acting_as(principal, body.scope.user_id, body.scope.agent_id)
+    scope = {**body.scope.model_dump(exclude_none=True), **bound.as_dict()}
     async with pool.acquire() as conn, conn.transaction():
         rows = await jobs.create_jobs(
             conn, tenant_id=principal.tenant_id, item_id=None, version=None,

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, BackgroundTasks, Path, Query
 
+from api.binding import Reader
 from api.deps import CurrentPrincipal, PoolDep, QueueDep, SettingsDep
 from api.memory_schemas import (
     EventPublic,
@@ -32,7 +33,7 @@ from api.memory_schemas import (
 )
 from api.routes.memories import WaitQuery, accepted, cursor_time, scope_of
 from api.schemas import QueryTime, SafeStr
-from pipeline import jobs
+from pipeline import jobs, quotas
 from pipeline.db import Q
 from pipeline.errors import BadInput, NotFound
 from pipeline.memory import events, extraction_schedule, operations
@@ -94,10 +95,13 @@ async def write_events(
         media_item_id=e.media_item_id, trace_id=e.trace_id, span_id=e.span_id,
         parent_span_id=e.parent_span_id, metadata=e.metadata, ending=e.ending)
         for e in body.events]
+    # At most two jobs: the events' embedding and the session's extraction.
+    await quotas.check(pool, principal.tenant_id, bytes=sum(len(e.content.encode()) for e in batch),
+                       jobs=2, settings=settings)
     async with pool.acquire() as conn, conn.transaction():
         written = await events.write(conn, tenant_id=principal.tenant_id,
                                      key_id=principal.key_id, session_id=session_id,
-                                     scope=scope_of(body.scope), events=batch,
+                                     scope=scope_of(principal, body.scope), events=batch,
                                      settings=settings)
     op = None
     if not wait:
@@ -119,8 +123,7 @@ async def write_events(
 
 @router.get("/v1/sessions", response_model=SessionsPage)
 async def list_sessions(
-    principal: CurrentPrincipal, pool: PoolDep,
-    user_id: ScopeId | None = None, agent_id: ScopeId | None = None,
+    principal: CurrentPrincipal, pool: PoolDep, reader: Reader,
     cursor: Annotated[SafeStr | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> SessionsPage:
@@ -129,7 +132,8 @@ async def list_sessions(
     if cursor:
         at, before_id = _decode(cursor, 2)
         before_at = cursor_time(at)
-    rows = await pool.fetch(Q["events.list_sessions"], principal.tenant_id, user_id, agent_id,
+    rows = await pool.fetch(Q["events.list_sessions"], principal.tenant_id, reader.user_id,
+                            reader.agent_id,
                             before_at, before_id, limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
@@ -140,23 +144,21 @@ async def list_sessions(
 
 @router.get("/v1/sessions/{session_id}", response_model=SessionPublic)
 async def get_session(session_id: SessionId, principal: CurrentPrincipal, pool: PoolDep,
-                      user_id: ScopeId | None = None,
-                      agent_id: ScopeId | None = None) -> SessionPublic:
+                      reader: Reader) -> SessionPublic:
     """A session, with whether all its events are embedded yet."""
-    row = await _visible_session(pool, principal.tenant_id, session_id, Scope(user_id, agent_id))
+    row = await _visible_session(pool, principal.tenant_id, session_id, reader)
     return _session(row, detail=True)
 
 
 @router.get("/v1/sessions/{session_id}/events", response_model=EventsPage)
 async def session_events(
-    session_id: SessionId, principal: CurrentPrincipal, pool: PoolDep,
-    user_id: ScopeId | None = None, agent_id: ScopeId | None = None,
+    session_id: SessionId, principal: CurrentPrincipal, pool: PoolDep, reader: Reader,
     since: QueryTime | None = None,
     cursor: Annotated[SafeStr | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> EventsPage:
     """The session's events in order (by their timestamps), from `since`, a page at a time."""
-    await _visible_session(pool, principal.tenant_id, session_id, Scope(user_id, agent_id))
+    await _visible_session(pool, principal.tenant_id, session_id, reader)
     after_at, after_seq = None, None
     if cursor:
         at, seq = _decode(cursor, 2)
@@ -174,13 +176,12 @@ async def session_events(
 
 @router.delete("/v1/sessions/{session_id}", response_model=SessionDeleted)
 async def delete_session(session_id: SessionId, principal: CurrentPrincipal, pool: PoolDep,
-                         user_id: ScopeId | None = None,
-                         agent_id: ScopeId | None = None) -> SessionDeleted:
+                         reader: Reader) -> SessionDeleted:
     """Delete a session with its events, their vectors and text index entries. Memories
     extracted from it stay (they are the user's now); delete those by scope with
     `session_id`."""
     deleted = await pool.fetchval(Q["events.delete_session"], principal.tenant_id, session_id,
-                                  user_id, agent_id)
+                                  reader.user_id, reader.agent_id)
     if deleted is None:
         raise NotFound(f"no session {session_id!r}")
     return SessionDeleted(session_id=session_id, deleted_events=deleted)
@@ -193,7 +194,8 @@ async def extract_now(session_id: SessionId, body: ExtractRequest, principal: Cu
                       wait: WaitQuery = None) -> OperationAccepted:
     """Extract memories from the session's unread events now, without waiting for it to go
     quiet. A waiting extraction is replaced, never doubled."""
-    reader = scope_of(body.scope)
+    reader = scope_of(principal, body.scope)
+    await quotas.check(pool, principal.tenant_id, jobs=1, settings=settings)
     async with pool.acquire() as conn, conn.transaction():
         row = await _visible_session(conn, principal.tenant_id, session_id, reader)
         scheduled = await extraction_schedule.schedule(
@@ -225,11 +227,11 @@ def _span_tree(rows: Sequence[Any]) -> list[SpanNode]:
 
 @router.get("/v1/traces/{trace_id}", response_model=TraceTree)
 async def trace(trace_id: Annotated[ScopeId, Path()], principal: CurrentPrincipal,
-                pool: PoolDep, user_id: ScopeId | None = None,
-                agent_id: ScopeId | None = None) -> TraceTree:
+                pool: PoolDep, reader: Reader) -> TraceTree:
     """The events of a trace as a tree of spans (a span whose parent is not in the trace is a
     root), each span's events in order."""
-    rows = await pool.fetch(Q["events.trace"], principal.tenant_id, trace_id, user_id, agent_id)
+    rows = await pool.fetch(Q["events.trace"], principal.tenant_id, trace_id, reader.user_id,
+                           reader.agent_id)
     if not rows:
         raise NotFound(f"no trace {trace_id!r}")
     return TraceTree(trace_id=trace_id, spans=_span_tree(rows))
@@ -237,8 +239,7 @@ async def trace(trace_id: Annotated[ScopeId, Path()], principal: CurrentPrincipa
 
 @router.get("/v1/operations/{operation_id}", response_model=OperationPublic)
 async def get_operation(
-    operation_id: uuid.UUID, principal: CurrentPrincipal, pool: PoolDep,
-    user_id: ScopeId | None = None, agent_id: ScopeId | None = None,
+    operation_id: uuid.UUID, principal: CurrentPrincipal, pool: PoolDep, reader: Reader,
     wait: Annotated[WaitSeconds | None, Query(description=(
         "Seconds to wait for the operation to finish before answering."))] = None,
 ) -> OperationPublic:
@@ -249,6 +250,6 @@ async def get_operation(
     scope = op["scope"] if op else None
     if op is None or (scope.get("visibility") and not can_read(
             scope["visibility"], scope.get("user_id"), scope.get("agent_id"),
-            Scope(user_id, agent_id))):
+            reader)):
         raise NotFound(f"no operation {operation_id}")
     return OperationPublic(**op)

@@ -95,7 +95,7 @@ async def write(conn: asyncpg.Connection, *, tenant_id: int, key_id: int | None,
             settings.max_attempts_for(jobs.EMBED_MEMORY),
             {"events": [r["seq"] for r in inserted]}, session_id,
             {**scope.as_dict(), "visibility": visibility}, key_id)
-        refs.append(JobRef(job_id, jobs.EMBED_MEMORY))
+        refs.append(JobRef(job_id, jobs.EMBED_MEMORY, tenant_id=tenant_id))
     extraction = None
     if inserted or ending:
         extraction = await extraction_schedule.schedule(

@@ -52,4 +52,4 @@ async def schedule(conn: asyncpg.Connection, *, tenant_id: int, key_id: int | No
     else:
         op = await operations.create(conn, tenant_id=tenant_id, kind="extract", job_id=job_id,
                                      key_id=key_id, session_id=session_id, scope=scope)
-    return Scheduled(op, [JobRef(job_id, jobs.EXTRACT, 0, defer_s=delay)])
+    return Scheduled(op, [JobRef(job_id, jobs.EXTRACT, 0, defer_s=delay, tenant_id=tenant_id)])

@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 import numpy as np
 
-from pipeline import jobs
+from pipeline import jobs, webhooks
 from pipeline.db import Q
 from pipeline.errors import BadInput, Conflict, NotFound
 from pipeline.items import content_hash
@@ -109,6 +109,7 @@ async def add(conn: asyncpg.Connection, *, tenant_id: int, scope: Scope,
                        visibility=visibility_for(scope, visibility), memory=memory,
                        author=author)
     op, refs = await embed_later(conn, tenant_id, [row["id"]], author, settings)
+    refs += await webhooks.emit(conn, tenant_id, "memory.added", webhooks.memory_data(row))
     return row, op, refs
 
 
@@ -179,10 +180,12 @@ async def update(conn: asyncpg.Connection, *, tenant_id: int, memory_id: uuid.UU
     shown = {k: _json_safe(v) for k, v in changed.items() if k != "content"}
     await _history(conn, tenant_id, new, "update", author, row["content"], new["content"],
                    shown, reason)
+    notices = await webhooks.emit(conn, tenant_id, "memory.updated",
+                                  webhooks.memory_data(new, changed=sorted(changed)))
     if digest is None:
-        return new, None, []
+        return new, None, notices
     op, refs = await embed_later(conn, tenant_id, [memory_id], author, settings)
-    return new, op, refs
+    return new, op, refs + notices
 
 
 def _json_safe(value: Any) -> Any:
@@ -205,14 +208,23 @@ async def invalidate(conn: asyncpg.Connection, *, tenant_id: int, memory_id: uui
         changes["superseded_by"] = str(superseded_by)
     await _history(conn, tenant_id, new, operation, author, row["content"], row["content"],
                    changes, reason)
+    if superseded_by is None:
+        # A superseding one is announced by its caller, who holds the new memory too (the
+        # extraction). No caller enqueues these: the next sweep does.
+        await webhooks.emit(conn, tenant_id, "memory.updated", webhooks.memory_data(
+            new, changed=["valid_until"], reason=reason))
     return new
 
 
 async def delete(conn: asyncpg.Connection, *, tenant_id: int, memory_id: uuid.UUID,
-                 reader: Scope, expected_version: int | None) -> None:
-    """Removes the memory with its history, vector and text index entries."""
-    await lock_current(conn, tenant_id, memory_id, reader, expected_version)
+                 reader: Scope, expected_version: int | None) -> list[JobRef]:
+    """Removes the memory with its history, vector and text index entries; returns the
+    webhook jobs announcing it, to enqueue after the commit."""
+    row = await lock_current(conn, tenant_id, memory_id, reader, expected_version)
     await conn.execute(Q["memories.delete_one"], tenant_id, memory_id)
+    return await webhooks.emit(conn, tenant_id, "memory.deleted", {
+        "memory_ids": [memory_id], "user_id": row["user_id"], "agent_id": row["agent_id"],
+        "session_id": row["session_id"]})
 
 
 async def register_type(pool: asyncpg.Pool, tenant_id: int, name: str,

@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 
-from pipeline import jobs, reindex
+from pipeline import jobs, reindex, webhooks
 from pipeline.db import Q
 from pipeline.errors import PermanentError
 from pipeline.jobs import JobRef
@@ -90,7 +90,7 @@ async def _handover(conn: asyncpg.Connection, job: asyncpg.Record, deps: Deps,
             await conn.execute(Q["operations.move_to_job"], job["id"], waiting["id"])
         return []
     await conn.execute(Q["operations.move_to_job"], job["id"], job_id)
-    return [JobRef(job_id, jobs.EXTRACT, 0, defer_s=delay_s)]
+    return [JobRef(job_id, jobs.EXTRACT, 0, defer_s=delay_s, tenant_id=job["tenant_id"])]
 
 
 async def extract(job: asyncpg.Record, deps: Deps) -> Writer:
@@ -208,10 +208,13 @@ async def _apply(conn: asyncpg.Connection, deps: Deps, tenant_id: int, session: 
         if row["embedding"] is None:
             refs += (await memories.embed_later(conn, tenant_id, [memory_id], author,
                                                 deps.settings))[1]
+        refs += await webhooks.emit(conn, tenant_id, "memory.added", webhooks.memory_data(row))
     if action == "SUPERSEDE" and target is not None:
-        await memories.invalidate(conn, tenant_id=tenant_id, memory_id=target["id"], reader=scope,
-                                  expected_version=None, reason=reason, author=author,
-                                  superseded_by=memory_id)
+        gone = await memories.invalidate(conn, tenant_id=tenant_id, memory_id=target["id"],
+                                         reader=scope, expected_version=None, reason=reason,
+                                         author=author, superseded_by=memory_id)
+        refs += await webhooks.emit(conn, tenant_id, "memory.superseded",
+                                    webhooks.memory_data(gone, reason=reason))
     elif action == "UPDATE" and target is not None:
         updated = await memories.update(
             conn, tenant_id=tenant_id, memory_id=target["id"], reader=scope,
@@ -245,6 +248,7 @@ async def forget(job: asyncpg.Record, deps: Deps) -> Writer:
         raise PermanentError("a delete by scope needs a user_id, agent_id or session_id")
     deleted = batches = 0
     remaining = 1
+    notices: list[JobRef] = []
     # A memory written into the scope while the delete runs is deleted too, a few rounds over;
     # one that keeps arriving after that is counted in `remaining`.
     for _ in range(FORGET_ROUNDS):
@@ -252,6 +256,10 @@ async def forget(job: asyncpg.Record, deps: Deps) -> Writer:
             async with deps.pool.acquire() as conn, conn.transaction():
                 gone = await conn.fetch(Q["memories.delete_scope_batch"], tenant_id, *args,
                                         FORGET_BATCH)
+                if gone:
+                    notices += await webhooks.emit(conn, tenant_id, "memory.deleted", {
+                        "memory_ids": [r["id"] for r in gone],
+                        **dict(zip(("user_id", "agent_id", "session_id"), args, strict=True))})
             deleted += len(gone)
             batches += 1
             if len(gone) < FORGET_BATCH:
@@ -260,10 +268,11 @@ async def forget(job: asyncpg.Record, deps: Deps) -> Writer:
         if remaining == 0:
             break
 
-    async def write(conn: asyncpg.Connection) -> None:
+    async def write(conn: asyncpg.Connection) -> list[JobRef]:
         await conn.execute(Q["operations.finish"], job["id"], {
             "deleted": deleted, "batches": batches, "remaining": remaining,
             "verified": remaining == 0})
+        return notices  # each batch's memory.deleted, enqueued with this job's done
 
     return write
 

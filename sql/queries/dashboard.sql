@@ -4,12 +4,15 @@
 INSERT INTO dashboard_sessions (token_hash, key_id, csrf_token, expires_at)
 VALUES ($1, $2, $3, now() + make_interval(secs => $4));
 
--- A session lives as long as its key: a revoked key ends every session it opened.
+-- A session lives as long as its key: a revoked or expired key, or a suspended tenant, ends
+-- every session it opened.
 -- name: session
-SELECT k.id, k.tenant_id, k.operator, k.read_only, k.name, s.csrf_token, t.name AS tenant_name
+SELECT k.id, k.tenant_id, k.role, k.name, k.user_id, k.agent_id, k.expires_at, s.csrf_token,
+       t.name AS tenant_name
 FROM dashboard_sessions s
 JOIN api_keys k ON k.id = s.key_id AND k.revoked_at IS NULL
-JOIN tenants t ON t.id = k.tenant_id
+                   AND (k.expires_at IS NULL OR k.expires_at > now())
+JOIN tenants t ON t.id = k.tenant_id AND t.status = 'active'
 WHERE s.token_hash = $1 AND s.expires_at > now();
 
 -- name: end_session
@@ -42,8 +45,8 @@ UPDATE jobs SET enqueued_at = NULL WHERE status = 'queued' AND kind = $1 AND enq
 
 -- name: audit
 INSERT INTO audit_log (tenant_id, key_id, key_name, action, target, filter, affected, skipped,
-                       via)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
+                       via, result)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
 -- name: audit_list
 SELECT a.*, t.name AS tenant_name FROM audit_log a LEFT JOIN tenants t ON t.id = a.tenant_id

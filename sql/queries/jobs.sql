@@ -73,16 +73,16 @@ WITH done AS (
 ), released AS (
     UPDATE jobs SET status = 'queued', run_after = now(), updated_at = now()
     FROM done WHERE jobs.depends_on = done.id AND jobs.status = 'waiting'
-    RETURNING jobs.id, jobs.kind, jobs.attempts
+    RETURNING jobs.id, jobs.kind, jobs.attempts, jobs.tenant_id
 )
-SELECT r.id, r.kind, r.attempts FROM done LEFT JOIN released r ON true;
+SELECT r.id, r.kind, r.attempts, r.tenant_id FROM done LEFT JOIN released r ON true;
 
 -- name: schedule_retry
 UPDATE jobs
 SET status = 'queued', run_after = now() + make_interval(secs => $3), last_error = $4,
     lease_until = NULL, worker_id = NULL, enqueued_at = NULL, updated_at = now()
 WHERE id = $1 AND worker_id = $2 AND status = 'running'
-RETURNING id, kind, attempts;
+RETURNING id, kind, attempts, tenant_id;
 
 -- name: mark_dead
 UPDATE jobs
@@ -125,7 +125,7 @@ WHERE id IN (SELECT id FROM jobs
                AND (enqueued_at IS NULL OR enqueued_at < now() - make_interval(secs => $1))
                AND NOT EXISTS (SELECT 1 FROM paused_kinds p WHERE p.kind = jobs.kind)
              ORDER BY run_after LIMIT $2 FOR UPDATE SKIP LOCKED)
-RETURNING id, kind, attempts;
+RETURNING id, kind, attempts, tenant_id;
 
 -- A new content version makes the old version's unstarted jobs pointless.
 -- name: cancel_superseded

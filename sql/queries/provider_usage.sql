@@ -19,6 +19,9 @@ FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6
      AS c (tenant_id, provider, model, minute, calls, errors_429, errors_5xx, errors_other,
            retries, wait_ms, call_ms, tokens_in, tokens_out)
 CROSS JOIN (VALUES ('minute'), ('hour'), ('total')) AS g (grain)
+-- Counts of a tenant erased since the calls were made are dropped with it (pipeline/erasure.py).
+WHERE c.tenant_id = 0 OR EXISTS (SELECT 1 FROM tenants t WHERE t.id = c.tenant_id
+                                 AND t.status NOT IN ('deleting', 'deleted'))
 GROUP BY g.grain, period, c.tenant_id, c.provider, c.model
 ORDER BY g.grain, period, c.tenant_id, c.provider, c.model
 ON CONFLICT (grain, period, tenant_id, provider, model) DO UPDATE

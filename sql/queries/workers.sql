@@ -18,7 +18,7 @@ UPDATE jobs
 SET status = 'queued', lease_until = NULL, worker_id = NULL, enqueued_at = NULL,
     run_after = now(), updated_at = now()
 WHERE worker_id = $1 AND status = 'running'
-RETURNING id, kind, attempts;
+RETURNING id, kind, attempts, tenant_id;
 
 -- name: mark_released_attempts
 UPDATE job_attempts SET finished_at = now(), outcome = 'lost', error = 'worker shut down'
