@@ -385,7 +385,7 @@ async def test_keys_made_by_the_cli_carry_their_role(
     client = await sign_in(api_url, key)
     try:
         who = (await client.get("/dashboard")).text
-        assert "key night-shift · tenant acme · read" in who
+        assert "key night-shift · tenant acme · read-only" in who
     finally:
         await client.aclose()
     # A key bound to an agent cannot open the dashboard: it shows the whole tenant's jobs.

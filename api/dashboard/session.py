@@ -66,7 +66,8 @@ class Viewer:
 
     @property
     def role(self) -> str:
-        return self.principal.role
+        """The key's role as the header shows it; `read` says what it means."""
+        return "read-only" if self.principal.read_only else self.principal.role
 
 
 async def sign_in(pool: asyncpg.Pool, key: str, *, ttl_s: float) -> str:
