@@ -68,6 +68,18 @@ EXTRA_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/sessions/{session_id}/events"): (409,),
     # The session named is not one the scope may read.
     ("post", "/v1/context"): (404,),
+    # A tenant named by `tenant_id` that is not the key's (only an operator's may name
+    # another), or by name, that does not exist; a tenant being deleted; a name taken; the
+    # operator's own tenant; a revoked key rotated.
+    ("post", "/v1/keys"): (404, 409),
+    ("get", "/v1/keys"): (404,),
+    ("get", "/v1/audit"): (404,),
+    ("get", "/v1/tenants"): (404,),
+    ("post", "/v1/tenants"): (409,),
+    ("post", "/v1/tenants/{tenant_id}/suspend"): (409,),
+    ("post", "/v1/tenants/{tenant_id}/resume"): (409,),
+    ("delete", "/v1/tenants/{tenant_id}"): (409,),
+    ("post", "/v1/keys/{key_id}/rotate"): (409,),
 }
 # Health checks answer 503 with the same body as their 200, saying what is missing.
 UNHEALTHY = {
