@@ -32,6 +32,9 @@ from pipeline import tenants
 from pipeline.settings import Settings
 from tests.test_bad_input import sample
 
+# Hundreds of megabytes sent and a 10,000-request burst: with the slow suites, in CI.
+pytestmark = pytest.mark.slow
+
 MB = 1 << 20
 HUGE = 100 * MB
 # Growth of the server's resident memory that counts as holding a 100 MB body: a fifth of
@@ -347,7 +350,6 @@ async def burst(api_url: str, key: str, *, requests: int, concurrency: int) -> T
     return Tally(statuses, errors, retry_after, named, time.monotonic() - started)
 
 
-@pytest.mark.slow
 async def test_a_burst_of_10000_requests_is_limited_and_never_slows_another_tenant(
         api_url: str, pool: asyncpg.Pool, tenant: tuple[int, str],
         other_tenant: tuple[int, str]) -> None:

@@ -241,6 +241,7 @@ async def test_a_failed_scoring_loses_no_job(
     assert await queue.exists(clock) == 1
 
 
+@pytest.mark.slow  # loads the embedding model: most of its 40 s
 async def test_a_single_item_is_ready_before_another_tenants_bulk_load(
     api_url: str, settings: Settings, pool: asyncpg.Pool, tenant: tuple[int, str],
     other_tenant: tuple[int, str],
