@@ -475,11 +475,11 @@ def log_digest(fleet: Fleet, top: int = 10) -> list[str]:
     return out
 
 
-async def redis_state(run: Run, job_id: uuid.UUID, attempts: int) -> str:
-    """What arq holds for the job's current queue id (`<id>:<attempts + 1>`)."""
+async def redis_state(run: Run, job_id: uuid.UUID, attempts: int, tenant_id: int) -> str:
+    """What arq holds for the job's current queue id (`<id>:<attempts + 1>:<tenant>`)."""
     import redis.asyncio
 
-    qid = jobs.JobRef(job_id, "", attempts).queue_job_id
+    qid = jobs.JobRef(job_id, "", attempts, tenant_id=tenant_id).queue_job_id
     client = redis.asyncio.Redis.from_url(run.valkey.url)
     try:
         score = await client.zscore(run.settings.queue_name, qid)
@@ -658,8 +658,9 @@ async def report(run: Run, pool: asyncpg.Pool, drained: bool) -> int:
         for line in digest:
             print(line)
     stuck = await pool.fetch(
-        "SELECT id, kind, item_id, status, attempts, max_attempts, run_after, enqueued_at, "
-        "lease_until, worker_id, last_error FROM jobs WHERE status = ANY($1::text[]) "
+        "SELECT id, tenant_id, kind, item_id, status, attempts, max_attempts, run_after, "
+        "enqueued_at, lease_until, worker_id, last_error FROM jobs "
+        "WHERE status = ANY($1::text[]) "
         "ORDER BY created_at LIMIT 20",
         list(ACTIVE),
     )
@@ -673,7 +674,8 @@ async def report(run: Run, pool: asyncpg.Pool, drained: bool) -> int:
                 f" enqueued_at {job['enqueued_at']} lease_until {job['lease_until']} "
                 f"worker {job['worker_id']} error {job['last_error']}"
             )
-            print(f"      redis: {await redis_state(run, job['id'], job['attempts'])}")
+            state = await redis_state(run, job["id"], job["attempts"], job["tenant_id"])
+            print(f"      redis: {state}")
             for a in await pool.fetch(
                 "SELECT attempt, worker_id, started_at, finished_at, outcome, error "
                 "FROM job_attempts WHERE job_id = $1 ORDER BY attempt",

@@ -19,10 +19,11 @@ client share this machine's clock, and no polling interval is added. Puts do not
 earlier probes. Printed: p50, p95 and the worst of each figure, the ratios loaded/idle of
 each run (target: p95 within 2x idle with fair queueing on), how many of A's items were ready
 when B's first probe was put and when its last was ready (A's load was still running, and at
-what rate), and where B's time went: each of its jobs' median wait in the queue and run.
+what rate), and where B's time went: each of its jobs' median time from due to on the queue,
+in the queue, and running.
 
     .venv/bin/python benchmarks/fairness.py [--bulk 20000] [--probes 30] [--interval 1.0]
-        [--batch 1000] [--workers 1] [--max-jobs N]
+        [--batch 1000] [--workers 1] [--max-jobs N] [--modes on,off]
 """
 
 from __future__ import annotations
@@ -69,14 +70,16 @@ class Figure:
     bulk_ready: int | None = None
     bulk_total: int = 0
     seconds: float = 0.0
-    # p50 ms of each of B's jobs, waiting in the queue (due to started) and running.
-    stages: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # p50 ms of each of B's jobs: from due to on the queue, waiting there, and running.
+    stages: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
 
 STAGES = """
 SELECT j.kind,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM
-           j.started_at - greatest(j.run_after, j.created_at)) * 1000) AS waited_ms,
+           j.enqueued_at - greatest(j.run_after, j.created_at)) * 1000) AS enqueue_ms,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM
+           j.started_at - j.enqueued_at) * 1000) AS waited_ms,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM
            j.finished_at - j.started_at) * 1000) AS ran_ms
 FROM jobs j JOIN tenants t ON t.id = j.tenant_id
@@ -84,12 +87,14 @@ WHERE t.name = 'bench-probe-b' AND j.item_id LIKE $1 AND j.status = 'done'
 GROUP BY j.kind ORDER BY j.kind"""
 
 
-async def stages(dsn: str, prefix: str) -> dict[str, tuple[float, float]]:
-    """Where B's time went: each job kind's median wait in the queue and median run."""
+async def stages(dsn: str, prefix: str) -> dict[str, tuple[float, float, float]]:
+    """Where B's time went: each job kind's median time from due to on the queue (the ledger
+    stamps `enqueued_at` once Redis took it), in the queue, and running."""
     conn = await asyncpg.connect(dsn)
     try:
         rows = await conn.fetch(STAGES, f"{prefix}/%")
-        return {r["kind"]: (float(r["waited_ms"]), float(r["ran_ms"])) for r in rows}
+        return {r["kind"]: (float(r["enqueue_ms"]), float(r["waited_ms"]), float(r["ran_ms"]))
+                for r in rows}
     finally:
         await conn.close()
 
@@ -240,10 +245,10 @@ def print_table(figures: list[Figure]) -> None:
         print(f"{'on' if f.fair else 'off':<14} {f.label:<26} {p50:>8.0f} {p95:>8.0f} "
               f"{max(f.ms):>8.0f} {ratios:>19}{bulk}")
     print()
-    print("B's jobs, p50 ms waiting in the queue (from due to started) / running:")
+    print("B's jobs, p50 ms from due to on the queue / waiting there / running:")
     for f in figures:
-        parts = ", ".join(f"{kind} {waited:.0f} / {ran:.0f}"
-                          for kind, (waited, ran) in f.stages.items())
+        parts = ", ".join(f"{kind} {enqueue:.0f} / {waited:.0f} / {ran:.0f}"
+                          for kind, (enqueue, waited, ran) in f.stages.items())
         print(f"  fair queueing {'on' if f.fair else 'off'}, {f.label}: {parts}")
 
 
@@ -259,9 +264,14 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=3600,
                         help="seconds B's probes may take, per figure")
     parser.add_argument("--port", type=int, default=0, help="default: a free port")
+    parser.add_argument("--modes", default="on,off",
+                        help="fair queueing on, off or both (off waits for A's whole load)")
     args = parser.parse_args()
+    modes = args.modes.split(",")
+    if not modes or set(modes) - {"on", "off"}:
+        parser.error("--modes takes on, off or on,off")
 
-    figures = run(args, fair=True) + run(args, fair=False)
+    figures = [f for mode in modes for f in run(args, fair=mode == "on")]
     print()
     python = os.path.relpath(sys.executable)
     print(f"    {' '.join([sys.executable if python.startswith('..') else python, *sys.argv])}")

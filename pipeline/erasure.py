@@ -94,7 +94,8 @@ async def _delete_redis(redis: Redis, queue_name: str, tenant_id: int,
                         queued: list[asyncpg.Record]) -> int:
     """The tenant's queued jobs' entries and keys, and its own per-tenant keys."""
     removed = 0
-    ids = [jobs.JobRef(r["id"], "", r["attempts"]).queue_job_id for r in queued]
+    ids = [jobs.JobRef(r["id"], "", r["attempts"], tenant_id=tenant_id).queue_job_id
+           for r in queued]
     for start in range(0, len(ids), BATCH):
         chunk = ids[start:start + BATCH]
         async with redis.pipeline(transaction=False) as pipe:

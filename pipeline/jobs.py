@@ -101,7 +101,9 @@ class JobSpec:
 @dataclass(frozen=True)
 class JobRef:
     """Enough to put a job on the queue. The queue's job id includes the attempt, so a retry
-    enqueued while the current attempt is still running is never mistaken for a duplicate."""
+    enqueued while the current attempt is still running is never mistaken for a duplicate,
+    and the tenant, so a worker can keep a share of its slots for other tenants without
+    reading the job (workers/main.py)."""
 
     id: uuid.UUID
     kind: str
@@ -114,7 +116,15 @@ class JobRef:
 
     @property
     def queue_job_id(self) -> str:
-        return f"{self.id}:{self.attempts + 1}"
+        delivery = f"{self.id}:{self.attempts + 1}"
+        return delivery if self.tenant_id is None else f"{delivery}:{self.tenant_id}"
+
+
+def queue_job_tenant(queue_job_id: str) -> int | None:
+    """The tenant named in a queue job id (`JobRef.queue_job_id`), or None: a job without a
+    tenant, or an id of another shape."""
+    parts = queue_job_id.split(":")
+    return int(parts[2]) if len(parts) == 3 and parts[2].isdigit() else None
 
 
 TEXT_PIPELINE = (JobSpec(ANALYZE), JobSpec(SUMMARIZE), JobSpec(EMBED, after=ANALYZE))

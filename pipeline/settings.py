@@ -104,6 +104,10 @@ class Settings(BaseSettings):
     # than 8, and 128 (merged calls of ~120 texts instead of ~30) 4% faster than 32.
     # CPU-bound extraction still runs one at a time per worker.
     worker_max_jobs: int = Field(default=128, ge=1)
+    # Slots of a worker that no one tenant's jobs may fill while fair queueing is on, so that
+    # another tenant's next job finds one free at once instead of waiting for a bulk load's
+    # embed jobs to finish. None: an eighth of worker_max_jobs (16 of 128), at least 1.
+    worker_reserved_slots: int | None = Field(default=None, ge=0)
     # How long an idle worker waits before it looks at the queue again. arq reads at most
     # max_jobs ids per look, so this also caps how fast short jobs start: 0.5 s held a worker
     # to about 45 short jobs/s. An idle look is one cheap ZRANGEBYSCORE.
@@ -181,6 +185,11 @@ class Settings(BaseSettings):
     # 0: one a core in a worker, one in the API (a query is one text). `memmill up` gives
     # each of its N workers cores/N, so they do not fight over the cores.
     embedding_threads: int = Field(default=0, ge=0)
+    # How much lower a worker's local model threads run than the rest of it (Unix nice, per
+    # thread on Linux): the model takes the CPU that the event loop, Postgres and the API
+    # leave, so a bulk load's embeddings do not slow every other tenant's jobs and searches.
+    # 0: the same priority as everything else.
+    worker_model_nice: int = Field(default=10, ge=0, le=19)
     summary_provider: Literal["extractive", "openai", "anthropic", "ollama"] = "extractive"
     summary_max_chars: int = Field(default=600, ge=50)
 

@@ -41,7 +41,7 @@ Forget = Callable[[Sequence[str]], Awaitable[None]]
 def dead_deliveries(rows: Sequence[asyncpg.Record]) -> list[str]:
     """The queue job ids of reclaimed or released rows' last attempts: attempt n was claimed
     by the delivery enqueued when the row had n - 1 attempts (`JobRef.queue_job_id`)."""
-    return [JobRef(r["id"], r["kind"], r["attempts"] - 1).queue_job_id
+    return [JobRef(r["id"], r["kind"], r["attempts"] - 1, tenant_id=r["tenant_id"]).queue_job_id
             for r in rows if r["attempts"] > 0]
 
 

@@ -57,7 +57,8 @@ class Deps:
     @property
     def embedder(self) -> BatchingEmbedder:
         if self._embedder is None:
-            self._embedder = get_embedder(self.settings)
+            self._embedder = get_embedder(self.settings,
+                                          thread_nice=self.settings.worker_model_nice)
         return self._embedder
 
 

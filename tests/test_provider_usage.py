@@ -17,6 +17,7 @@ from pipeline import items, jobs
 from pipeline.db import create_pool as create_db_pool
 from pipeline.errors import PermanentError, TransientError
 from pipeline.providers import chat, usage
+from pipeline.providers.batching import BatchingEmbedder, CallShape
 from pipeline.providers.chat import (
     AnthropicSummarizer,
     OllamaSummarizer,
@@ -209,7 +210,8 @@ async def test_the_local_embedder_counts_a_call_per_batch(
     pool: asyncpg.Pool, tenant: tuple[int, str],
 ) -> None:
     model = f"all-MiniLM-L6-v2-{uuid.uuid4().hex[:6]}"  # its name only labels the counts
-    embedder = LocalEmbedder(model=model, dim=384, batch_size=4, call_texts=2)
+    embedder = BatchingEmbedder(LocalEmbedder(model=model, dim=384, batch_size=4),
+                                CallShape(texts=2))
     with usage.tenant_scope(tenant[0]):
         vectors = await embedder.embed(["a", "b", "c", "d", "e"])
     assert len(vectors) == 5

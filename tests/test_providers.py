@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -18,8 +20,8 @@ import numpy as np
 import pytest
 
 from pipeline.errors import PermanentError, TransientError
-from pipeline.providers import chat, embeddings
-from pipeline.providers.batching import BatchingEmbedder
+from pipeline.providers import chat, embeddings, usage
+from pipeline.providers.batching import BatchingEmbedder, CallShape
 from pipeline.providers.chat import (
     AnthropicSummarizer,
     ExtractiveSummarizer,
@@ -316,7 +318,7 @@ def batcher(
     """Merges up to 8 texts per request; each request takes 0.2 s, so callers that arrive
     while one is answered queue up for the next."""
     fake.delay_s = 0.2
-    return BatchingEmbedder(openai_embedder(embedding_request_size=8), max_texts=8)
+    return BatchingEmbedder(openai_embedder(embedding_request_size=8), CallShape(texts=8))
 
 
 async def _after_first_request(fake: FakeProviders) -> None:
@@ -358,8 +360,77 @@ async def test_merged_requests_stay_under_the_cap(
 
     for texts, vectors in zip(callers, results, strict=True):
         _assert_vectors(texts, vectors)
-    sizes = [len(r.body["input"]) for r in fake.requests]
-    assert sizes == [1, 6, 6, 3]  # whole callers only: two of three texts, twice, then one
+    inputs = [r.body["input"] for r in fake.requests]
+    assert [len(i) for i in inputs] == [1, 8, 7]  # a caller's texts may span two requests
+    assert inputs[1:] == [[t for texts in callers for t in texts][:8],
+                          [t for texts in callers for t in texts][8:]]
+
+
+async def test_another_tenants_text_heads_the_next_call(
+    fake: FakeProviders, batcher: BatchingEmbedder
+) -> None:
+    """A bulk load's 40 waiting texts do not hold back another tenant's one text: it heads
+    the next request, and the two tenants then take turns heading them."""
+    with usage.tenant_scope(1):
+        bulk = [asyncio.create_task(batcher.embed([f"bulk {i}" for i in range(k, k + 4)]))
+                for k in range(0, 40, 4)]
+    await _after_first_request(fake)
+    with usage.tenant_scope(2):
+        lone = asyncio.create_task(batcher.embed(["the other tenant's text"]))
+        more = asyncio.create_task(batcher.embed([f"more {i}" for i in range(10)]))
+    await asyncio.gather(lone, more, *bulk)
+
+    inputs = [r.body["input"] for r in fake.requests]
+    assert inputs[0] == [f"bulk {i}" for i in range(8)]
+    # Turn by turn: one text of each tenant, then the next of each, up to the cap.
+    assert inputs[1] == ["the other tenant's text", "bulk 8", "more 0", "bulk 9", "more 1",
+                         "bulk 10", "more 2", "bulk 11"]
+    assert inputs[2][:2] == ["bulk 12", "more 3"]  # the bulk load heads the call after
+    assert sorted(t for i in inputs for t in i) == sorted(
+        ["the other tenant's text", *(f"bulk {i}" for i in range(40)),
+         *(f"more {i}" for i in range(10))])
+
+
+async def test_a_lone_text_gets_a_short_call(
+    fake: FakeProviders, batcher: BatchingEmbedder
+) -> None:
+    """No tenant gets more of a call than its head's tenant has waiting: one text heads a
+    call of two, not one of a bulk load's full length."""
+    with usage.tenant_scope(1):
+        bulk = [asyncio.create_task(batcher.embed([f"bulk {i}" for i in range(k, k + 4)]))
+                for k in range(0, 40, 4)]
+    await _after_first_request(fake)
+    with usage.tenant_scope(2):
+        lone = asyncio.create_task(batcher.embed(["the other tenant's text"]))
+    await asyncio.gather(lone, *bulk)
+
+    inputs = [r.body["input"] for r in fake.requests]
+    assert inputs[1][0] == "the other tenant's text"
+    assert len(inputs[1]) == 2 and inputs[1][1].startswith("bulk ")
+    assert [len(i) for i in inputs[2:]] == [8, 8, 8, 7]
+
+
+async def test_a_long_text_is_not_passed_over_for_shorter_ones(
+    fake: FakeProviders, openai_embedder: Callable[..., OpenAIEmbedder]
+) -> None:
+    """Calls are filled with texts of the head's length from a larger pool, but the head of
+    the line is always in the call."""
+    fake.delay_s = 0.1
+    batcher = BatchingEmbedder(openai_embedder(embedding_request_size=4),
+                               CallShape(texts=4, pool_texts=16))
+    first = asyncio.create_task(batcher.embed(["first"]))
+    await _after_first_request(fake)
+    long_one = "a long text " * 20
+    texts = [long_one, *[f"short {i}" for i in range(6)], "another long text " * 13,
+             *[f"short {i}" for i in range(6, 12)], "third long text " * 15]
+    got = await asyncio.gather(*(batcher.embed([t]) for t in texts))
+    await first
+
+    for text, vectors in zip(texts, got, strict=True):
+        _assert_vectors([text], vectors)
+    inputs = [r.body["input"] for r in fake.requests][1:]
+    assert inputs[0][0] == long_one  # the head, with the other long texts beside it
+    assert sorted(inputs[0][1:], key=len)[-2:] == sorted([texts[7], texts[14]], key=len)
 
 
 async def test_a_refused_text_fails_only_its_own_caller(
@@ -396,14 +467,25 @@ async def test_a_cancelled_caller_sends_nothing(
     assert [r.body["input"] for r in fake.requests] == [["first"], ["kept"]]
 
 
-async def test_a_long_call_goes_straight_to_the_provider(
+async def test_a_long_call_is_cut_into_requests_of_the_cap(
     fake: FakeProviders, batcher: BatchingEmbedder
 ) -> None:
     texts = [f"part {i}" for i in range(20)]
     _assert_vectors(texts, await batcher.embed(texts))
     assert [len(r.body["input"]) for r in fake.requests] == [8, 8, 4]
     assert await batcher.embed([]) == []
-    assert batcher.calls == 1
+    assert batcher.calls == 3
+
+
+async def test_a_cancelled_long_call_sends_no_more(
+    fake: FakeProviders, batcher: BatchingEmbedder
+) -> None:
+    doomed = asyncio.create_task(batcher.embed([f"part {i}" for i in range(40)]))
+    await _after_first_request(fake)
+    doomed.cancel()
+    kept = await batcher.embed(["kept"])
+    _assert_vectors(["kept"], kept)
+    assert [len(r.body["input"]) for r in fake.requests] == [8, 1]
 
 
 # ----------------------------------------------------------------------------- retries and faults
@@ -632,27 +714,32 @@ class _ThreadRecordingEmbedder(LocalEmbedder):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.seen: list[tuple[str, list[str]]] = []
+        self.nice: set[int] = set()
 
     def _encode(self, texts: list[str]) -> list[np.ndarray]:
         self.seen.append((threading.current_thread().name, list(texts)))
-        return super()._encode(texts)
+        vectors = super()._encode(texts)  # the first call on a thread loads its copy
+        self.nice.add(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return vectors
 
 
-async def test_local_model_copies_share_every_call_and_keep_the_order() -> None:
-    """Two copies, each on its own thread, get a sorted, dealt-out share of every call; the
-    vectors come back in the caller's order and equal one copy's, whatever the call size."""
+async def test_local_model_copies_each_run_calls_and_keep_the_order() -> None:
+    """Two copies, each on its own thread, run calls of their own side by side; the vectors
+    come back in each caller's order and equal one copy's, whatever the call size."""
     texts = [f"{'long ' * (i % 7)}text number {i} about {topic}"
              for i, topic in enumerate(["glaciers", "bread", "tides", "bees", "comets"] * 2)]
     options = {"model": "all-MiniLM-L6-v2", "dim": 384, "batch_size": 4}
-    one = LocalEmbedder(**options, call_texts=100, copies=1)
-    two = _ThreadRecordingEmbedder(**options, call_texts=4, copies=2)
-    expected = await one.embed(texts)
+    expected = await LocalEmbedder(**options, copies=1).embed(texts)
+    two = _ThreadRecordingEmbedder(**options, copies=2, thread_nice=3)
     await two.warm_up()
+    assert len({thread for thread, _ in two.seen}) == 2  # the warm-up loaded both copies
+    if sys.platform == "linux":  # a worker's model threads yield the CPU to the rest
+        assert two.nice == {os.getpriority(os.PRIO_PROCESS, 0) + 3}
     two.seen.clear()
-    got = await two.embed(texts)
-    assert len(got) == len(texts)
-    for want, have in zip(expected, got, strict=True):
+    batcher = BatchingEmbedder(two, CallShape(texts=4, pool_texts=8, parallel=2))
+    got = await asyncio.gather(*(batcher.embed(texts[i:i + 2]) for i in range(0, 10, 2)))
+    for want, have in zip(expected, [v for vectors in got for v in vectors], strict=True):
         assert np.allclose(want, have, atol=1e-5)
     assert len({thread for thread, _ in two.seen}) == 2  # both copies worked
-    assert sorted(t for _, share in two.seen for t in share) == sorted(texts)
-    assert max(len(share) for _, share in two.seen) == 2  # 4 texts a call, dealt to two
+    assert sorted(t for _, call in two.seen for t in call) == sorted(texts)
+    assert max(len(call) for _, call in two.seen) == 4

@@ -227,7 +227,7 @@ async def test_api_puts_json_on_the_queue_and_the_item_gets_ready(
         analyze = next(j for j in put.json()["jobs"] if j["kind"] == "analyze")
         assert settings.redis_url
         with redis.Redis.from_url(settings.redis_url) as client:
-            stored = client.get(f"{job_key_prefix}{analyze['id']}:1")
+            stored = client.get(f"{job_key_prefix}{analyze['id']}:1:{tenant[0]}")
         assert stored is not None
         assert json.loads(stored)["f"] == "analyze"
         assert json.loads(stored)["a"] == [analyze["id"]]

@@ -59,7 +59,8 @@ async def test_sigkilled_workers_delivery_leaves_the_queue(
         victim = next(w for w in workers if holder.startswith(w.id_pattern[:-1]))
         survivor = next(w for w in workers if w is not victim)
         attempt = await lab.fetchval("SELECT attempts FROM jobs WHERE id = $1", embed_id)
-        dead_delivery = f"{embed_id}:{attempt}"
+        tenant_id = await lab.fetchval("SELECT tenant_id FROM jobs WHERE id = $1", embed_id)
+        dead_delivery = f"{embed_id}:{attempt}:{tenant_id}"
         assert queue.zscore(settings.queue_name, dead_delivery) is not None, await lab.report()
         assert await lab.fetchval("SELECT status FROM jobs WHERE id = $1", embed_id) == "running"
         victim.kill()
@@ -115,8 +116,9 @@ async def test_sigterm_released_jobs_leave_no_delivery_behind(
 
         # Only the new delivery (attempt 2) is left: the cancelled one went with the release.
         waiting = [m.decode() for m in queue.zrange(settings.queue_name, 0, -1)]
-        assert waiting == [f"{embed_id}:2"], waiting
-        assert queue.exists(f"arq:job:{embed_id}:1", f"arq:retry:{embed_id}:1") == 0
+        assert waiting == [f"{embed_id}:2:{lab.tenant_id}"], waiting
+        first = f"{embed_id}:1:{lab.tenant_id}"
+        assert queue.exists(f"arq:job:{first}", f"arq:retry:{first}") == 0
 
         b = lab.start_worker("B")
         await lab.wait_all_ready(1)

@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 from arq.connections import ArqRedis, RedisSettings
 from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
+from arq.utils import timestamp_ms
 from arq.worker import Function, Worker, func
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -27,12 +28,12 @@ from pipeline.db import Q, create_pool
 from pipeline.fairness import FairQueueing
 from pipeline.jobs import JobRef
 from pipeline.providers import usage
-from pipeline.providers.embeddings import get_embedder
 from pipeline.queue_codec import ARQ_CODEC
 from pipeline.runner import run_job
 from pipeline.settings import Settings
 from pipeline.sweeper import Forget, dead_deliveries, forget_quietly, sweep_forever
 from pipeline.tasks import TASKS, Deps
+from workers import deliveries
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +47,38 @@ REDIS_GONE = (RedisConnectionError, RedisTimeoutError, WatchError, OSError)
 OUTAGE_PAUSE_S = 1.0
 
 
+def tenant_slot_cap(settings: Settings) -> int | None:
+    """The most slots of a worker one tenant's jobs may hold, or None: no cap."""
+    reserved = settings.worker_reserved_slots
+    if reserved is None:
+        reserved = max(1, settings.worker_max_jobs // 8)
+    if not settings.fair_queueing or reserved == 0:
+        return None
+    return max(1, settings.worker_max_jobs - reserved)
+
+
 class ResilientWorker(Worker):
-    """arq's Worker, made to ride out a Redis outage instead of exiting.
+    """arq's Worker, made to ride out a Redis outage instead of exiting, and to keep some of
+    its slots free of any one tenant.
 
     Stock arq lets a connection error escape its poll loop, a job task or `close()`, and the
     process dies (the in-flight jobs with it). The ledger already keeps every job safe, so a
     worker has nothing better to do than wait for Redis to come back: it keeps running the jobs
     it holds, polls again after a pause, and the sweeper re-enqueues whatever Redis lost.
+
+    Fair queueing puts another tenant's job at the head of the queue, but a worker takes it
+    only when a slot frees, and a bulk load's embed jobs hold their slots while they wait for
+    the model: a single item waited seconds for each of its stages. So one tenant may hold at
+    most `tenant_slots` of the slots (its id is in the queue job id, `JobRef.queue_job_id`);
+    its further jobs stay in the queue, for another worker or a freed slot, and the rest are
+    there for the others. A lone tenant leaves those few idle, which costs a bulk load
+    nothing while its embed jobs wait for the model anyway.
     """
+
+    def __init__(self, *args: Any, tenant_slots: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tenant_slots = tenant_slots
+        self.held: Counter[int] = Counter()  # slots held, by tenant
 
     async def _poll_iteration(self) -> None:
         try:
@@ -63,17 +88,44 @@ class ResilientWorker(Worker):
             await asyncio.sleep(OUTAGE_PAUSE_S)
 
     async def start_jobs(self, job_ids: list[bytes]) -> None:
-        # arq takes a semaphore slot per job before talking to Redis; an error in between
-        # would leak the slot, and after max_jobs such errors the worker would never run again.
+        """arq's start, for every job of a look at once (`workers.deliveries`), skipping the
+        jobs this worker runs already (they stay in the queue until they end) and a tenant's
+        jobs past its share of the slots."""
+        wanted: list[tuple[str, int | None]] = []
+        counting: Counter[int] = Counter()
         for job_id in job_ids:
-            counted = self.job_counter
-            try:
-                await super().start_jobs([job_id])
-            except REDIS_GONE:
-                if job_id.decode() not in self.tasks and self.job_counter > counted:
-                    self.job_counter -= 1
-                    self.sem.release()
-                raise
+            if len(wanted) >= self.max_jobs - self.job_counter:
+                break
+            name = job_id.decode()
+            if name in self.tasks:
+                continue
+            tenant = jobs.queue_job_tenant(name)
+            if tenant is not None and self.tenant_slots is not None:
+                if self.held[tenant] + counting[tenant] >= self.tenant_slots:
+                    continue
+                counting[tenant] += 1
+            wanted.append((name, tenant))
+        if not wanted:
+            return
+        tenants = dict(wanted)
+        taken = await deliveries.take(
+            self.pool, self.queue_name, [name for name, _ in wanted], now_ms=timestamp_ms(),
+            in_progress_ms=int(self.in_progress_timeout_s * 1000))
+        for name, score in taken:
+            await self.sem.acquire()  # free: no more were taken than slots are free
+            self.job_counter += 1
+            task = self.loop.create_task(self.run_job(name, score))
+            task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
+            self.tasks[name] = task
+            tenant = tenants[name]
+            if tenant is not None:
+                self.held[tenant] += 1
+                task.add_done_callback(lambda _, tenant=tenant: self._release(tenant))
+
+    def _release(self, tenant: int) -> None:
+        self.held[tenant] -= 1
+        if self.held[tenant] <= 0:
+            del self.held[tenant]
 
     async def run_job(self, job_id: str, score: int) -> None:
         # The job's effect and its `done` live in the ledger; if Redis fails around it (reading
@@ -189,7 +241,7 @@ async def startup(ctx: dict[str, Any]) -> None:
     # Load the model before taking jobs: a first job that spends seconds loading it would have
     # to outlive its lease on a slow machine, and the load would count against its timeout.
     if ctx.get("warm_up", True):
-        await get_embedder(settings).warm_up()
+        await ctx["deps"].embedder.warm_up()
     # A new embedding model re-embeds the index in the background (a no-op when it matches).
     await reindex.start(pool, ctx["redis"], settings)
     ctx["forget"] = forgetter(ctx["redis"], settings.queue_name)
@@ -288,6 +340,7 @@ def build_worker(
         on_shutdown=shutdown,
         handle_signals=not burst,
         max_jobs=settings.worker_max_jobs,
+        tenant_slots=tenant_slot_cap(settings),
         job_timeout=settings.job_timeout_s,
         keep_result=0,
         max_tries=1,

@@ -6,6 +6,7 @@ chosen by MEMMILL_EMBEDDING_PROVIDER."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -17,10 +18,12 @@ import numpy as np
 
 from pipeline.errors import PermanentError
 from pipeline.providers import usage
-from pipeline.providers.batching import BatchingEmbedder
+from pipeline.providers.batching import BatchingEmbedder, CallShape
 from pipeline.providers.http import SettingNames, secret_value
 from pipeline.providers.wire import OllamaWire, OpenAIWire, Wire, client_key
 from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
 
 NAMES = SettingNames(
     api_key="MEMMILL_EMBEDDING_API_KEY",
@@ -41,21 +44,27 @@ class Embedder(Protocol):
 class LocalEmbedder:
     """sentence-transformers, `copies` instances side by side, loaded on first use.
 
-    Each copy runs on a thread of its own with one torch thread, and every call is dealt out
-    between the copies. The batches a worker sees are small (a few items' parts, 4 texts a
-    forward pass), and one copy splitting each of them across two torch threads kept the
-    cores less busy than two copies each running half: on SciFact parts, one copy on two
-    threads encoded 31-33 parts/s, two copies 34. Each copy has its own tokenizer, which is
-    not safe to share between threads."""
+    Each copy runs on a thread of its own with one torch thread, and a call runs on one copy:
+    the batcher (`pipeline.providers.batching`) keeps one call going on each. The batches a
+    worker sees are small (a few items' parts, 4 texts a forward pass), and one copy splitting
+    each of them across two torch threads kept the cores less busy than two copies each
+    running half: on SciFact parts, one copy on two threads encoded 31-33 parts/s, two copies
+    34. Copies that each run calls of their own also never wait for each other, and a text
+    that arrives waits only for the copy that frees first. Each copy has its own tokenizer,
+    which is not safe to share between threads.
+
+    `thread_nice` lowers the copies' threads' priority (Unix nice, on Linux per thread): in a
+    worker, the model then takes the CPU the event loop, Postgres and the API leave, so a bulk
+    load's embeddings slow down other tenants' jobs less (see `Settings.worker_model_nice`)."""
 
     def __init__(
-        self, *, model: str, dim: int, batch_size: int, call_texts: int, copies: int = 1
+        self, *, model: str, dim: int, batch_size: int, copies: int = 1, thread_nice: int = 0
     ) -> None:
         self.model = model
         self.dim = dim
-        self._copies = copies
+        self.copies = copies
         self._batch_size = batch_size
-        self._call_texts = call_texts
+        self._thread_nice = thread_nice
         self._executor = ThreadPoolExecutor(max_workers=copies, thread_name_prefix="embedder")
         self._copy = threading.local()  # the model copy of the executor thread running
         self._lock = threading.Lock()
@@ -63,6 +72,7 @@ class LocalEmbedder:
     def _load(self):  # type: ignore[no-untyped-def]
         loaded = getattr(self._copy, "model", None)
         if loaded is None:
+            _lower_priority(self._thread_nice)
             with self._lock:  # one load at a time: imports and the first load are not safe
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -90,36 +100,30 @@ class LocalEmbedder:
         )
         return [np.asarray(v, dtype=np.float32) for v in vectors]
 
-    async def _encode_dealt(self, texts: list[str]) -> list[np.ndarray]:
-        """One call on every copy at once: the texts sorted by length and dealt out in turn,
-        so each copy gets the same mix and they finish together."""
-        loop = asyncio.get_running_loop()
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        shares = [order[c :: self._copies] for c in range(min(self._copies, len(texts)))]
-        done = await asyncio.gather(*[
-            loop.run_in_executor(self._executor, self._encode, [texts[i] for i in share])
-            for share in shares
-        ])
-        vectors: list[np.ndarray] = [np.empty(0)] * len(texts)
-        for share, share_vectors in zip(shares, done, strict=True):
-            for i, vector in zip(share, share_vectors, strict=True):
-                vectors[i] = vector
-        return vectors
-
     async def embed(self, texts: list[str]) -> list[np.ndarray]:
-        """Encode at most `call_texts` texts per model call. Within a call the model sorts the
-        texts by length before it cuts batches, which pads less the more texts it gets; between
-        calls a cancelled job (timeout, shutdown grace over) stops instead of holding the
-        model for a whole long document."""
-        vectors: list[np.ndarray] = []
-        for start in range(0, len(texts), self._call_texts):
-            with usage.timed_call("local", self.model):  # counted per tenant, as HTTP calls are
-                vectors += await self._encode_dealt(texts[start : start + self._call_texts])
-        return vectors
+        """One call, on the first copy free; the model sorts the texts by length and runs
+        them `batch_size` at a time."""
+        loop = asyncio.get_running_loop()
+        with usage.timed_call("local", self.model):  # counted per tenant, as HTTP calls are
+            return await loop.run_in_executor(self._executor, self._encode, texts)
 
     async def warm_up(self) -> None:
-        """Load every copy: one text for each, at once, so each executor thread takes one."""
-        await self._encode_dealt(["warm up"] * self._copies)
+        """Load every copy: one call each, at once, so each executor thread takes one."""
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*[loop.run_in_executor(self._executor, self._encode, ["warm up"])
+                               for _ in range(self.copies)])
+
+
+def _lower_priority(nice: int) -> None:
+    """Raise the calling thread's nice value by `nice`; where a thread's priority cannot be
+    set (not Linux), it runs as it is."""
+    if nice <= 0:
+        return
+    try:
+        current = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, current + nice))
+    except (OSError, AttributeError) as exc:
+        log.debug("could not lower the model thread's priority: %s", exc)
 
 
 class _HTTPEmbedder(Wire, ABC):
@@ -236,7 +240,11 @@ _HTTP_PROVIDERS: dict[str, type[_HTTPEmbedder]] = {
     "ollama": OllamaEmbedder,
 }
 _SHARED: dict[tuple[Any, ...], BatchingEmbedder] = {}
-LOCAL_CALL_TEXTS_PER_COPY = 128
+# A local call is this many forward passes of `embedding_batch_size` texts, on one copy: with
+# 4 texts a pass, a call of short notes takes about 25 ms, and calls of 8 encode within a few
+# per cent of calls of 128 (benchmarks/embed_calls.py); of one pass, a fifth fewer.
+LOCAL_CALL_PASSES = 2
+LOCAL_POOL_TEXTS_PER_COPY = 128
 
 
 def _key(settings: Settings) -> tuple[Any, ...]:
@@ -258,20 +266,23 @@ def local_copies(settings: Settings) -> int:
     return settings.embedding_threads or os.cpu_count() or 1
 
 
-def merged_call_texts(settings: Settings) -> int:
-    """The most texts one provider call takes when concurrent calls are merged: a local call
-    long enough for each copy's length sort to pay (on SciFact, 128 texts a copy encoded as
-    fast as one sorted call of all; 32, 11% slower; 8, 15%) and short enough to end within
-    seconds; an HTTP call of one request."""
+def merged_call_shape(settings: Settings) -> CallShape:
+    """The calls concurrent embeds share (see `pipeline.providers.batching`). For the local
+    model, a call going on each copy, of two forward passes, chosen by length from 128 texts
+    a copy: nobody waits long for a call under way. For an HTTP provider, one request's worth
+    at a time, in turn."""
     if settings.embedding_provider == "local":
-        return LOCAL_CALL_TEXTS_PER_COPY * local_copies(settings)
-    return settings.embedding_request_size
+        copies = local_copies(settings)
+        return CallShape(texts=LOCAL_CALL_PASSES * settings.embedding_batch_size,
+                         pool_texts=LOCAL_POOL_TEXTS_PER_COPY * copies, parallel=copies)
+    return CallShape(texts=settings.embedding_request_size)
 
 
-def get_embedder(settings: Settings) -> BatchingEmbedder:
+def get_embedder(settings: Settings, *, thread_nice: int = 0) -> BatchingEmbedder:
     """One embedder per process and configuration: the local weights are loaded once, an
     HTTP provider's connections and limits are shared by every job of the process, and
-    concurrent calls from different jobs are merged into one provider call."""
+    concurrent calls from different jobs are merged into shared provider calls. A worker
+    asks for its local model's threads to run at `thread_nice` (the first ask decides)."""
     key = _key(settings)
     if key not in _SHARED:
         provider = settings.embedding_provider
@@ -281,12 +292,12 @@ def get_embedder(settings: Settings) -> BatchingEmbedder:
                 model=settings.embedding_model,
                 dim=settings.embedding_dim,
                 batch_size=settings.embedding_batch_size,
-                call_texts=merged_call_texts(settings),
                 copies=local_copies(settings),
+                thread_nice=thread_nice,
             )
         elif provider in _HTTP_PROVIDERS:
             inner = _HTTP_PROVIDERS[provider](settings)
         else:
             raise PermanentError(f"unknown embedding provider {provider!r}")
-        _SHARED[key] = BatchingEmbedder(inner, max_texts=merged_call_texts(settings))
+        _SHARED[key] = BatchingEmbedder(inner, merged_call_shape(settings))
     return _SHARED[key]

@@ -111,7 +111,7 @@ SET status = 'queued', lease_until = NULL, worker_id = NULL, enqueued_at = NULL,
     run_after = now(), updated_at = now()
 WHERE id IN (SELECT id FROM jobs WHERE status = 'running' AND lease_until < now()
              ORDER BY lease_until LIMIT $1 FOR UPDATE SKIP LOCKED)
-RETURNING id, kind, attempts;
+RETURNING id, kind, attempts, tenant_id;
 
 -- name: mark_lost_attempts
 UPDATE job_attempts SET finished_at = now(), outcome = 'lost', error = 'lease expired'
