@@ -1,11 +1,14 @@
 """Shared embedding calls: throughput, and how long a lone text waits behind a bulk load.
 
-The local model, through `pipeline.providers.batching.BatchingEmbedder` as a worker uses it
-(one copy a core, one torch thread each), in two shapes measured in the same run:
+The local model (one copy a core, one torch thread each) shared by concurrent callers, in two
+ways measured in the same run:
 
-- **fair**: what memmill runs, a call going on each copy, of `LOCAL_CALL_PASSES` forward
-  passes, chosen from a pool of 128 texts a copy, in turns between tenants and by length;
-- **large**: the earlier size, calls of up to 128 texts a copy (pool and call of one size).
+- **fair**: what memmill runs, `pipeline.providers.batching.BatchingEmbedder` as a worker
+  uses it: a call going on each copy, of `LOCAL_CALL_PASSES` forward passes, chosen from a
+  pool of 128 texts a copy, headed by the tenants in turn and matched by length;
+- **fifo**: the earlier way, kept here as the baseline: whole requests first come, first
+  served, merged into calls of up to 128 texts a copy, each call sorted by length and dealt
+  out between the copies, which all work on it until it ends.
 
 For each, on short notes (as benchmarks/fairness.py puts) and on SciFact parts (abstracts
 split as the analyze stage splits them):
@@ -33,15 +36,16 @@ import argparse
 import asyncio
 import statistics
 import time
+from typing import Any
 
 from benchmarks.ingest import load_corpus, split_parts
 from pipeline.providers import usage
-from pipeline.providers.batching import BatchingEmbedder, CallShape
+from pipeline.providers.batching import BatchingEmbedder
 from pipeline.providers.embeddings import LocalEmbedder, local_copies, merged_call_shape
 from pipeline.settings import Settings
 
 A, B = 1, 2
-LARGE_TEXTS_PER_COPY = 128
+FIFO_TEXTS_PER_COPY = 128
 
 
 def notes(count: int) -> list[str]:
@@ -55,12 +59,12 @@ def pct(values: list[float], q: int) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-async def as_tenant(tenant: int, embedder: BatchingEmbedder, texts: list[str]) -> None:
+async def as_tenant(tenant: int, embedder: Sharing, texts: list[str]) -> None:
     with usage.tenant_scope(tenant):
         await embedder.embed(texts)
 
 
-async def bulk(embedder: BatchingEmbedder, texts: list[str], jobs: int) -> float:
+async def bulk(embedder: Sharing, texts: list[str], jobs: int) -> float:
     """A's texts as `jobs` concurrent callers of one or two texts; seconds for all."""
     requests = [texts[i:i + 1 + i % 2] for i in range(0, len(texts), 2)]
     requests = [r for r in requests if r]
@@ -75,7 +79,7 @@ async def bulk(embedder: BatchingEmbedder, texts: list[str], jobs: int) -> float
     return time.perf_counter() - started
 
 
-async def lone_waits(embedder: BatchingEmbedder, text: str, probes: int,
+async def lone_waits(embedder: Sharing, text: str, probes: int,
                      load: asyncio.Task[float] | None) -> list[float]:
     waits = []
     for n in range(probes):
@@ -88,17 +92,55 @@ async def lone_waits(embedder: BatchingEmbedder, text: str, probes: int,
     return waits
 
 
-async def measure(name: str, texts: list[str], inner: LocalEmbedder, shape: CallShape, *,
-                  jobs: int, probes: int) -> None:
-    embedder = BatchingEmbedder(inner, shape)
+class FifoEmbedder:
+    """The earlier sharing, for comparison: no turns, no matching, one call at a time on all
+    copies, as long as what waits (up to `call_texts`)."""
+
+    def __init__(self, inner: LocalEmbedder, call_texts: int) -> None:
+        self.inner, self.call_texts = inner, call_texts
+        self.pending: list[tuple[list[str], asyncio.Future[list[Any]]]] = []
+        self.drainer: asyncio.Task[None] | None = None
+
+    async def embed(self, texts: list[str]) -> list[Any]:
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        self.pending.append((texts, future))
+        if self.drainer is None or self.drainer.done():
+            self.drainer = asyncio.create_task(self.drain())
+        return await future
+
+    async def drain(self) -> None:
+        while self.pending:
+            call, count = [], 0
+            while self.pending and (not call or count + len(self.pending[0][0]) <= self.call_texts):
+                call.append(self.pending.pop(0))
+                count += len(call[-1][0])
+            texts = [t for request, _ in call for t in request]
+            order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+            shares = [order[c::self.inner.copies] for c in range(self.inner.copies)]
+            done = await asyncio.gather(*(self.inner.embed([texts[i] for i in share])
+                                          for share in shares if share))
+            vectors: list[Any] = [None] * len(texts)
+            for share, got in zip([s for s in shares if s], done, strict=True):
+                for i, vector in zip(share, got, strict=True):
+                    vectors[i] = vector
+            offset = 0
+            for request, future in call:
+                future.set_result(vectors[offset:offset + len(request)])
+                offset += len(request)
+
+
+Sharing = BatchingEmbedder | FifoEmbedder
+
+
+async def measure(name: str, texts: list[str], embedder: Sharing, *, jobs: int,
+                  probes: int) -> None:
     rate = len(texts) / await bulk(embedder, texts, jobs)
     idle = await lone_waits(embedder, texts[len(texts) // 2], probes, None)
     load = asyncio.create_task(bulk(embedder, texts * 3, jobs))
     await asyncio.sleep(0.5)
     loaded = await lone_waits(embedder, texts[len(texts) // 2], probes, load)
     await load
-    print(f"  {name:<6} calls of {shape.texts:>3} texts from "
-          f"{max(shape.pool_texts, shape.texts):>3}: {rate:7.1f} texts/s; "
+    print(f"  {name:<5} {rate:7.1f} texts/s; "
           f"a lone text idle p50 {statistics.median(idle):6.1f} ms / p95 {pct(idle, 95):6.1f}, "
           f"behind the load p50 {statistics.median(loaded):7.1f} / p95 {pct(loaded, 95):7.1f} "
           f"({pct(loaded, 95) / pct(idle, 95):.1f}x idle at p95, {len(loaded)} probes)",
@@ -123,9 +165,11 @@ async def main() -> None:
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for label, texts in sets.items():
         print(f"{label} ({len(texts)}, mean {statistics.mean(map(len, texts)):.0f} characters):")
-        for name, shape in (("fair", merged_call_shape(settings)),
-                            ("large", CallShape(texts=LARGE_TEXTS_PER_COPY, parallel=copies))):
-            await measure(name, texts, inner, shape, jobs=args.jobs, probes=args.probes)
+        for name, embedder in (
+            ("fair", BatchingEmbedder(inner, merged_call_shape(settings))),
+            ("fifo", FifoEmbedder(inner, FIFO_TEXTS_PER_COPY * copies)),
+        ):
+            await measure(name, texts, embedder, jobs=args.jobs, probes=args.probes)
 
 
 if __name__ == "__main__":

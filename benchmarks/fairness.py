@@ -20,7 +20,9 @@ earlier probes. Printed: p50, p95 and the worst of each figure, the ratios loade
 each run (target: p95 within 2x idle with fair queueing on), how many of A's items were ready
 when B's first probe was put and when its last was ready (A's load was still running, and at
 what rate), and where B's time went: each of its jobs' median time from due to on the queue,
-in the queue, and running.
+in the queue, and running (the ledger's `enqueued_at` is the last time a job was put on the
+queue: the sweeper stamps it again for a job that waited longer than its grace, 30 s, so
+for such waits the first two figures share the time between them arbitrarily).
 
     .venv/bin/python benchmarks/fairness.py [--bulk 20000] [--probes 30] [--interval 1.0]
         [--batch 1000] [--workers 1] [--max-jobs N] [--modes on,off]

@@ -18,10 +18,12 @@ afresh from what waits, so nobody waits long behind anybody:
   `pool_texts` whose lengths are closest to it, so a forward pass pads little (the model
   pads every text of a pass to the longest). The head is always served, so a long text is
   never passed over for shorter ones.
-- **Short calls cost little.** benchmarks/embed_calls.py measures both shapes on this
-  machine; calls of 16 texts encode within a few per cent of calls of 256. A call must not be
-  cut shorter than a forward pass a copy: limited to 2048 characters, a call of abstracts'
-  parts took two or three texts and encoded 27% fewer a second.
+- **Short calls cost little.** benchmarks/embed_calls.py measures this against the earlier
+  way (first come, first served, calls of up to 128 texts a copy): as fast on abstracts'
+  parts, 4-10% slower on short notes, which a worker's pipeline, not its model, holds back.
+  Calls of four passes of short notes were as fast as the earlier ones, but another tenant's
+  item waited half as long again behind them; calls of one pass encoded a fifth fewer, and
+  calls cut to 2048 characters whatever they held (two or three abstracts' parts) 27% fewer.
 
 A request's texts may be spread over several calls; it is answered once all are embedded.
 There is no timer: whatever arrives while a call runs is considered for the next, so a lone

@@ -241,8 +241,9 @@ _HTTP_PROVIDERS: dict[str, type[_HTTPEmbedder]] = {
 }
 _SHARED: dict[tuple[Any, ...], BatchingEmbedder] = {}
 # A local call is this many forward passes of `embedding_batch_size` texts, on one copy: with
-# 4 texts a pass, a call of short notes takes about 25 ms, and calls of 8 encode within a few
-# per cent of calls of 128 (benchmarks/embed_calls.py); of one pass, a fifth fewer.
+# 4 texts a pass, a call of short notes takes about 12 ms, and calls of 8 encode abstracts'
+# parts as fast as calls of 128 and short notes 4-10% slower (benchmarks/embed_calls.py); of
+# one pass, a fifth fewer; of four, another tenant's item waited half as long again.
 LOCAL_CALL_PASSES = 2
 LOCAL_POOL_TEXTS_PER_COPY = 128
 
