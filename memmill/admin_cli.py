@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from memmill.client import Client
+from memmill.http_client import Client
 from memmill.ops import KeyOpt, UrlOpt, _call
 
 console = Console()

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from memmill.admin_cli import keys_app, tenants_app
-from memmill.client import ApiError, Client
+from memmill.http_client import ApiError, Client
 from memmill.memory_cli import context, memory_app, sessions_app
 from memmill.ops import dead_app, jobs_app, queues_app
 from memmill.runtime import read_local_key, read_runtime

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from memmill.client import ApiError, Client
+from memmill.http_client import ApiError, Client
 
 # Never sent: credentials, keys and build junk. Hidden files and folders are skipped as well.
 SKIPPED_NAMES = (

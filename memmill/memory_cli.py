@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from memmill.client import ApiError, Client
+from memmill.http_client import ApiError, Client
 
 console = Console()
 err = Console(stderr=True)

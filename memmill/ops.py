@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from memmill.client import ApiError
+from memmill.http_client import ApiError
 
 console = Console()
 err = Console(stderr=True)

@@ -17,7 +17,7 @@ from rich.console import Console
 from typer.testing import CliRunner, Result
 
 from memmill.cli import app
-from memmill.client import Client
+from memmill.http_client import Client
 from memmill.ingest import Ingest, Tally, walk
 from pipeline.settings import Settings
 from tests.conftest import drain, free_port

@@ -13,7 +13,7 @@ import httpx
 from typer.testing import CliRunner, Result
 
 from memmill.cli import app, split_version
-from memmill.client import id_segment
+from memmill.http_client import id_segment
 
 LONG = "é" * 256  # 256 characters, 512 bytes of UTF-8
 # Each nasty id with its path segment written out by hand, so the tests do not trust the
