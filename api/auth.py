@@ -1,10 +1,11 @@
-"""The API key of every `/v1/` request is checked before anything reads its body.
+"""The API key of every `/v1/` and `/mcp` request is checked before anything reads its body.
 
 FastAPI reads and parses a request's body before it solves the route's dependencies, so a key
 checked by a dependency came after a 94 MB body without a key had been parsed in full (5 s and
 half a gigabyte for a 401). This middleware runs first: a request without a valid key gets its
 401 from the headers alone, and a key whose role may not make the request (api/roles.py) its
-403; the routes read who it is from the scope."""
+403; the routes read who it is from the scope. `/mcp` (api/mcp.py) takes any valid
+key: each of its tool calls is an API request of its own, checked here for its role."""
 
 from __future__ import annotations
 
@@ -23,7 +24,13 @@ log = logging.getLogger(__name__)
 
 PRINCIPAL = "memmill.principal"
 PROTECTED_PREFIX = "/v1/"
+MCP_PATH = "/mcp"
 DATABASE_DOWN = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+
+
+def protected(path: str) -> bool:
+    return path.startswith(PROTECTED_PREFIX) or path == MCP_PATH or path.startswith(
+        MCP_PATH + "/")
 
 
 def key_from(headers: Headers) -> str | None:
@@ -40,7 +47,7 @@ class Authenticate:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(PROTECTED_PREFIX):
+        if scope["type"] != "http" or not protected(scope["path"]):
             await self.app(scope, receive, send)
             return
         state = scope["app"].state

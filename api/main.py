@@ -12,7 +12,7 @@ from arq.connections import RedisSettings
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from api import docs, errors, metrics, openapi
+from api import docs, errors, mcp, metrics, openapi
 from api.access_log import AccessLog
 from api.auth import Authenticate
 from api.dashboard import pages, render
@@ -94,7 +94,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         warming = asyncio.create_task(_warm_up(warm)) if warm else None
         app.state.live = pages.live_snapshots(settings, app.state.pool)
         try:
-            yield
+            async with mcp.sessions(app, max_request_bytes=settings.max_request_bytes):
+                yield
         finally:
             await app.state.live.close()
             if warming is not None and not warming.done():
@@ -121,6 +122,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(module.router)
     app.include_router(pages.router)
     app.include_router(metrics.router)
+    # MCP over streamable HTTP (api/mcp.py); like the dashboard, not in the OpenAPI
+    # document, and like /v1/, behind the key that Authenticate checks first.
+    app.add_route(mcp.PATH, mcp.Endpoint(), include_in_schema=False)
     app.mount("/dashboard/static", StaticFiles(directory=render.HERE / "static"),
               name="dashboard-static")
     openapi.install(app)

@@ -14,6 +14,7 @@ from pydantic import AfterValidator, BaseModel, Field, StrictBool, model_validat
 from pydantic_core import PydanticCustomError
 
 from api.schemas import INT64_MAX, IsoTime, SafeStr, Strict, json_int
+from pipeline.errors import BadInput
 from pipeline.memory.events import MAX_EVENTS_PER_CALL
 from pipeline.memory.scopes import id_problem
 
@@ -75,6 +76,22 @@ def _metadata(value: dict[str, Any]) -> dict[str, Any]:
 
 
 Metadata = Annotated[dict[str, Any], AfterValidator(_metadata)]
+
+
+def metadata_filter(text: str) -> dict[str, Any]:
+    """A `metadata` query parameter: JSON a memory's metadata must contain. It is held to the
+    rules of metadata itself, so that it can only ever name what could have been stored."""
+    example = 'send a JSON object, such as {"project": "apollo"}'
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        raise BadInput(f"metadata: not JSON; {example}") from None
+    if not isinstance(value, dict):
+        raise BadInput(f"metadata: must be a JSON object; {example}")
+    try:
+        return _metadata(value)
+    except PydanticCustomError as exc:
+        raise BadInput(f"metadata: {exc.message()}") from None
 def _not_blank(value: str) -> str:
     if not value.strip():
         raise PydanticCustomError("blank", "must not be empty or only whitespace")
@@ -114,6 +131,9 @@ class EventRef(Strict):
 
 
 class MemoryCreate(Strict):
+    memory_id: Annotated[UUID, Field(strict=False)] | None = Field(default=None, description=(
+        "The caller's id for the memory (default: a new one). Sending the same write again "
+        "is then safe: an id the tenant holds already is a 409."))
     scope: ScopeIn
     visibility: Visibility | None = Field(
         default=None, description="Default: `user` when scope.user_id is set, else `private`.")
@@ -126,6 +146,9 @@ class MemoryCreate(Strict):
                                                                    max_length=20)
     pinned: StrictBool = False
     observed_at: IsoTime | None = None
+    valid_until: IsoTime | None = Field(default=None, description=(
+        "Valid until then (default: until invalidated); from then on, reads of valid "
+        "memories (the default) leave it out."))
     session_id: SessionIdText | None = None
     source_events: list[EventRef] = Field(default_factory=list, max_length=100)
 
@@ -251,6 +274,9 @@ class RecallSearch(Strict):
     min_confidence: Confidence | None = None
     after: IsoTime | None = Field(default=None, description="Observed (or said) at or after.")
     before: IsoTime | None = Field(default=None, description="Observed (or said) before.")
+    metadata: Metadata | None = Field(default=None, description=(
+        'Only rows whose metadata contains this JSON (`{"project": "apollo"}`: that key with '
+        "that value; nested objects and arrays match as Postgres' jsonb @> does)."))
 
 
 class RecallScores(BaseModel):
@@ -278,6 +304,7 @@ class RecallHit(BaseModel):
     version: int | None = None
     pinned: bool | None = None
     source_events: list[dict[str, str]] | None = None
+    metadata: dict[str, Any] | None = None
     scores: RecallScores
 
 

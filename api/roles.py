@@ -18,6 +18,9 @@ READING_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # POSTs that only read: their questions are too large or too structured for a query string.
 READING_POSTS = frozenset({"/v1/search", "/v1/memories/search", "/v1/context",
                            "/v1/items/lookup"})
+# Open to any valid key, whatever the method: each MCP tool call is an API request of its own
+# (api/mcp.py), which needs the role its route needs, so the envelope needs none.
+ENVELOPES = frozenset({"/mcp"})
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,8 @@ READ_ONLY_REFUSAL = "this key is read-only: it can read, but not change anything
 
 def changes_something(method: str, path: str) -> bool:
     """Whether a request may change data: what a read-only key is refused (403)."""
-    return method not in READING_METHODS and path not in READING_POSTS
+    return (method not in READING_METHODS and path not in READING_POSTS
+            and path not in ENVELOPES)
 
 
 def required(method: str, path: str) -> Rule | None:

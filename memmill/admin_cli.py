@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from memmill.http_client import Client
 from memmill.ops import KeyOpt, UrlOpt, _call
+
+if TYPE_CHECKING:  # imported where it is used: `memmill doctor` runs without httpx
+    from api.admin_schemas import KeyMade, KeyPublic, KeysPage, TenantPublic
+    from api.usage_schemas import TenantLimitsPublic
+    from memmill.client import Memmill
 
 console = Console()
 err = Console(stderr=True)
@@ -28,20 +32,21 @@ TenantOpt = Annotated[str | None, typer.Option(
     "--tenant", help="The tenant's id or name (operators; default: the key's own).")]
 
 
-def _tenant_id(client: Client, tenant: str) -> int:
+def _tenant_id(client: Memmill, tenant: str) -> int:
+    """A tenant named by its id or by its name (an unknown name is the server's 404)."""
     if tenant.isdigit():
         return int(tenant)
-    return int(client.tenants({"name": tenant})["data"][0]["id"])
+    return client.tenants.list(name=tenant).data[0].id
 
 
-def _when(value: str | None) -> str:
-    return "-" if value is None else datetime.fromisoformat(value).strftime("%Y-%m-%d %H:%M")
+def _when(value: datetime | None) -> str:
+    return "-" if value is None else value.strftime("%Y-%m-%d %H:%M")
 
 
-def _show_tenant(tenant: dict[str, Any]) -> None:
-    console.print(f"tenant {tenant['id']} {escape(tenant['name'])!r}: {tenant['status']}, "
-                  f"{tenant['active_keys']} active key(s)", highlight=False)
-    erasure = tenant.get("erasure")
+def _show_tenant(tenant: TenantPublic) -> None:
+    console.print(f"tenant {tenant.id} {escape(tenant.name)!r}: {tenant.status}, "
+                  f"{tenant.active_keys} active key(s)", highlight=False)
+    erasure = tenant.erasure
     if erasure:
         console.print(f"erased: {erasure['rows_removed']} rows and "
                       f"{erasure['redis_keys_removed']} Redis keys removed; recount: "
@@ -54,10 +59,10 @@ def _show_tenant(tenant: dict[str, Any]) -> None:
 @tenants_app.command("create")
 def tenants_create(name: str, url: UrlOpt = None, key: KeyOpt = None) -> None:
     """Make a tenant and print its first admin key (shown this once)."""
-    made = _call(url, key, lambda c: c.create_tenant(name))
-    console.print(f"tenant {made['tenant']['id']} {escape(name)!r} made; its admin key, "
+    made = _call(url, key, lambda c: c.tenants.create(name))
+    console.print(f"tenant {made.tenant.id} {escape(name)!r} made; its admin key, "
                   "shown once:", highlight=False)
-    print(made["key"])
+    print(made.key)
 
 
 @tenants_app.command("list")
@@ -67,30 +72,30 @@ def tenants_list(
     url: UrlOpt = None, key: KeyOpt = None,
 ) -> None:
     """Every tenant, with its status and active keys."""
-    page = _call(url, key, lambda c: c.tenants({"status": status, "limit": 500}))
+    page = _call(url, key, lambda c: c.tenants.list(status=status, limit=500))
     table = Table("id", "name", "status", "keys", "created")
-    for t in page["data"]:
-        table.add_row(str(t["id"]), escape(t["name"]), t["status"], str(t["active_keys"]),
-                      _when(t["created_at"]))
+    for t in page.data:
+        table.add_row(str(t.id), escape(t.name), t.status, str(t.active_keys),
+                      _when(t.created_at))
     console.print(table)
 
 
 @tenants_app.command("show")
 def tenants_show(tenant: TenantArg, url: UrlOpt = None, key: KeyOpt = None) -> None:
     """A tenant; once deleted, what its erasure removed."""
-    _show_tenant(_call(url, key, lambda c: c.tenant(_tenant_id(c, tenant))))
+    _show_tenant(_call(url, key, lambda c: c.tenants.get(_tenant_id(c, tenant))))
 
 
 @tenants_app.command("suspend")
 def tenants_suspend(tenant: TenantArg, url: UrlOpt = None, key: KeyOpt = None) -> None:
     """Refuse every key of the tenant at once; its data stays."""
-    _show_tenant(_call(url, key, lambda c: c.tenant_action(_tenant_id(c, tenant), "suspend")))
+    _show_tenant(_call(url, key, lambda c: c.tenants.suspend(_tenant_id(c, tenant))))
 
 
 @tenants_app.command("resume")
 def tenants_resume(tenant: TenantArg, url: UrlOpt = None, key: KeyOpt = None) -> None:
     """Accept the tenant's keys again."""
-    _show_tenant(_call(url, key, lambda c: c.tenant_action(_tenant_id(c, tenant), "resume")))
+    _show_tenant(_call(url, key, lambda c: c.tenants.resume(_tenant_id(c, tenant))))
 
 
 @tenants_app.command("delete")
@@ -106,15 +111,15 @@ def tenants_delete(
     if not yes and not typer.confirm(f"erase tenant {tenant} and everything it stored?"):
         raise typer.Exit(1)
 
-    def run(client: Client) -> dict[str, Any]:
+    def run(client: Memmill) -> TenantPublic:
         tenant_id = _tenant_id(client, tenant)
-        started = client.delete_tenant(tenant_id)
-        console.print(f"tenant {tenant_id} is being erased (job {started['job_id']})",
+        started = client.tenants.delete(tenant_id)
+        console.print(f"tenant {tenant_id} is being erased (job {started.job_id})",
                       highlight=False)
-        state = started["tenant"]
-        while wait and state["status"] != "deleted":
+        state = started.tenant
+        while wait and state.status != "deleted":
             time.sleep(0.5)
-            state = client.tenant(tenant_id)
+            state = client.tenants.get(tenant_id)
         return state
 
     _show_tenant(_call(url, key, run))
@@ -143,33 +148,33 @@ def tenants_limits(
         err.print(f"[red]error:[/] --default takes {', '.join(LIMITS)}")
         raise typer.Exit(2)
 
-    def run(client: Client) -> dict[str, Any]:
+    def run(client: Memmill) -> TenantLimitsPublic:
         tenant_id = _tenant_id(client, tenant)
-        current = client.limits(tenant_id)
+        current = client.tenants.limits(tenant_id)
         if all(v is None for v in asked.values()) and not default:
             return current
         wanted = {name: None if name in default else
-                  asked[name] if asked[name] is not None else current["limits"][name]
+                  asked[name] if asked[name] is not None else getattr(current.limits, name)
                   for name in LIMITS}
-        return client.set_limits(tenant_id, wanted)
+        return client.tenants.set_limits(tenant_id, wanted)
 
     shown = _call(url, key, run)
     table = Table("limit", "tenant's own", "applies")
     for name in LIMITS:
-        own, applies = shown["limits"][name], shown["effective"][name]
+        own, applies = getattr(shown.limits, name), getattr(shown.effective, name)
         table.add_row(name, "default" if own is None else str(own),
                       "none" if applies is None else str(applies))
     console.print(table)
 
 
-def _key_table(rows: list[dict[str, Any]]) -> Table:
+def _key_table(rows: list[KeyPublic]) -> Table:
     table = Table("id", "prefix", "name", "role", "bound to", "last used", "expires", "state")
     for k in rows:
-        bound = ", ".join(f"{what} {escape(k[what + '_id'])}" for what in ("user", "agent")
-                          if k[what + "_id"]) or "-"
-        state = ("revoked" if k["revoked_at"] else "active" if k["active"] else "expired")
-        table.add_row(str(k["id"]), k["prefix"], escape(k["name"]), k["role"], bound,
-                      _when(k["last_used_at"]), _when(k["expires_at"]), state)
+        bound = ", ".join(f"{what} {escape(value)}" for what, value in
+                          (("user", k.user_id), ("agent", k.agent_id)) if value) or "-"
+        state = ("revoked" if k.revoked_at else "active" if k.active else "expired")
+        table.add_row(str(k.id), k.prefix, escape(k.name), k.role, bound,
+                      _when(k.last_used_at), _when(k.expires_at), state)
     return table
 
 
@@ -187,16 +192,17 @@ def keys_create(
 ) -> None:
     """Make a key and print it: it is shown this once."""
 
-    def run(client: Client) -> dict[str, Any]:
+    def run(client: Memmill) -> KeyMade:
         tenant_id = _tenant_id(client, tenant) if tenant else None
-        return client.create_key({"name": name, "role": role, "user_id": user_id,
-                                  "agent_id": agent_id, "tenant_id": tenant_id})
+        # role goes as given: the server's 422 names the roles it takes
+        return client.keys.create(name=name, role=role, user_id=user_id,
+                                  agent_id=agent_id, tenant_id=tenant_id)
 
     made = _call(url, key, run)
-    info = made["key_info"]
-    console.print(f"key {info['id']} {escape(name)!r} ({info['role']}) for tenant "
-                  f"{info['tenant_id']}, shown once:", highlight=False)
-    print(made["key"])
+    info = made.key_info
+    console.print(f"key {info.id} {escape(name)!r} ({info.role}) for tenant "
+                  f"{info.tenant_id}, shown once:", highlight=False)
+    print(made.key)
 
 
 @keys_app.command("list")
@@ -207,21 +213,21 @@ def keys_list(
 ) -> None:
     """The tenant's keys (never the keys themselves: a prefix tells them apart)."""
 
-    def run(client: Client) -> dict[str, Any]:
+    def run(client: Memmill) -> KeysPage:
         tenant_id = _tenant_id(client, tenant) if tenant else None
-        return client.keys({"tenant_id": tenant_id, "include_inactive": all_keys or None,
-                            "limit": 500})
+        return client.keys.list(tenant_id=tenant_id, include_inactive=all_keys or None,
+                                limit=500)
 
-    console.print(_key_table(_call(url, key, run)["data"]))
+    console.print(_key_table(_call(url, key, run).data))
 
 
 @keys_app.command("revoke")
 def keys_revoke(key_id: int, tenant: TenantOpt = None, url: UrlOpt = None,
                 key: KeyOpt = None) -> None:
     """Refuse a key from now on, in every API process at once."""
-    row = _call(url, key, lambda c: c.revoke_key(
-        key_id, _tenant_id(c, tenant) if tenant else None))
-    console.print(f"key {row['id']} {escape(row['name'])!r} revoked", highlight=False)
+    row = _call(url, key, lambda c: c.keys.revoke(
+        key_id, tenant_id=_tenant_id(c, tenant) if tenant else None))
+    console.print(f"key {row.id} {escape(row.name)!r} revoked", highlight=False)
 
 
 @keys_app.command("rotate")
@@ -232,9 +238,10 @@ def keys_rotate(
     tenant: TenantOpt = None, url: UrlOpt = None, key: KeyOpt = None,
 ) -> None:
     """Replace a key: prints the new one (shown once); the old one works for --grace seconds."""
-    made = _call(url, key, lambda c: c.rotate_key(
-        key_id, grace, _tenant_id(c, tenant) if tenant else None))
-    console.print(f"key {key_id} rotated to key {made['key_info']['id']}; the old key is "
-                  f"refused from {made['old']['expires_at']}. The new key, shown once:",
-                  highlight=False)
-    print(made["key"])
+    made = _call(url, key, lambda c: c.keys.rotate(
+        key_id, grace_s=grace, tenant_id=_tenant_id(c, tenant) if tenant else None))
+    # The time as the API wrote it (`…Z`), as this line always showed it.
+    refused_from = made.old.model_dump(mode="json")["expires_at"]
+    console.print(f"key {key_id} rotated to key {made.key_info.id}; the old key is "
+                  f"refused from {refused_from}. The new key, shown once:", highlight=False)
+    print(made.key)

@@ -4,14 +4,16 @@ commands (put, get, search) talk to its HTTP API, local by default."""
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
+from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -19,11 +21,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from memmill.admin_cli import keys_app, tenants_app
-from memmill.http_client import ApiError, Client
 from memmill.memory_cli import context, memory_app, sessions_app
 from memmill.ops import dead_app, jobs_app, queues_app
 from memmill.runtime import read_local_key, read_runtime
 from pipeline.settings import Settings
+
+if TYPE_CHECKING:  # the client is imported where it is used: `memmill doctor` runs without httpx
+    from api.schemas import ItemPublic
+    from memmill.client import Memmill, MemmillError
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -175,11 +180,35 @@ def migrate(data_dir: DataDirOpt = None) -> None:
 _group_data_dir: ContextVar[Path | None] = ContextVar("memmill_group_data_dir", default=None)
 
 
-def make_client(url: str | None, key: str | None, data_dir: Path | None = None) -> Client:
+# Someone waits at the terminal: a 429 or 503 is tried again twice at most, and a Retry-After
+# longer than this is not sat out in silence; the refusal, with the server's message (which
+# says when to come back), is shown at once instead. Scripts that should wait longer use
+# the Python client with a RetryPolicy of their own.
+CLI_ATTEMPTS = 3
+CLI_MAX_WAIT_S = 10.0
+
+
+def make_client(url: str | None, key: str | None, data_dir: Path | None = None) -> Memmill:
     """A client of the instance the user means: --url/--key, then MEMMILL_URL/MEMMILL_API_KEY
     (typer fills both into `url`/`key`), then the running `memmill up` of the data directory
     (its runtime.json and api_key), then the defaults."""
-    return Client(*resolve_target(url, key, data_dir or _group_data_dir.get()))
+    from memmill.client import Memmill, RetryPolicy
+
+    target = resolve_target(url, key, data_dir or _group_data_dir.get())
+    return Memmill(*target, retry=RetryPolicy(attempts=CLI_ATTEMPTS, max_wait_s=CLI_MAX_WAIT_S))
+
+
+@contextmanager
+def connected(url: str | None, key: str | None, data_dir: Path | None) -> Iterator[Memmill]:
+    """A client for the body of a `with` (see make_client); a refusal (the server's message),
+    or a server that cannot be reached, is an error on stderr and exit 1."""
+    from memmill.client import MemmillError
+
+    with make_client(url, key, data_dir) as client:
+        try:
+            yield client
+        except MemmillError as exc:
+            raise _fail(exc) from None
 
 
 def resolve_target(
@@ -222,7 +251,7 @@ def _group_options(ctx: typer.Context, data_dir: ClientDataDirOpt = None) -> Non
     ctx.call_on_close(lambda: _group_data_dir.reset(token))
 
 
-def _fail(exc: ApiError) -> typer.Exit:
+def _fail(exc: MemmillError) -> typer.Exit:
     err.print(f"[red]error:[/] {escape(exc.detail)}")
     return typer.Exit(1)
 
@@ -263,21 +292,16 @@ def put(
     else:
         content = text_or_file
     item_id = item_id or hashlib.sha256(content.encode()).hexdigest()[:16]
-    body = {"id": item_id, "content": content, "tags": _parse_tags(tag)}
-    if title:
-        body["title"] = title
-    with make_client(url, key, data_dir) as client:
-        try:
-            result = client.put(body)
-            item = result["item"]
-            if wait and result["jobs"]:
-                item = _wait_ready(client, item_id)
-        except ApiError as exc:
-            raise _fail(exc) from None
-    console.print(f"{escape(item['id'])}  v{item['version']}  {item['status']}"
-                  f"  ({result['change']})", soft_wrap=True)
-    for job in result["jobs"]:
-        console.print(f"  job {job['id']}  {job['kind']}  {job['status']}")
+    tags = _parse_tags(tag)
+    with connected(url, key, data_dir) as client:
+        result = client.items.put(item_id, content, title=title or None, tags=tags)
+        item = result.item
+        if wait and result.jobs:
+            item = _wait_ready(client, item_id)
+    console.print(f"{escape(item.id)}  v{item.version}  {item.status}  ({result.change})",
+                  soft_wrap=True)
+    for job in result.jobs:
+        console.print(f"  job {job.id}  {job.kind}  {job.status}")
 
 
 def _is_file(path: Path) -> bool:
@@ -289,11 +313,13 @@ def _is_file(path: Path) -> bool:
         return False
 
 
-def _wait_ready(client: Client, item_id: str, timeout_s: float = 600) -> dict[str, Any]:
+def _wait_ready(client: Memmill, item_id: str, timeout_s: float = 600) -> ItemPublic:
+    """The item once it left `pending`, or as it stands after `timeout_s` (with a warning):
+    a failed item is shown with its status, not raised, as `put` shows any other."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        item = client.get(item_id)
-        if item["status"] != "pending":
+        item = client.items.get(item_id)
+        if item.status != "pending":
             return item
         time.sleep(0.3)
     err.print(f"[yellow]still pending after {timeout_s:.0f}s[/]")
@@ -325,12 +351,9 @@ def get(
 ) -> None:
     """Show an item: status, summary, tags, version and its jobs."""
     plain_id, offset = split_version(item_id) if version is None else (item_id, version)
-    with make_client(url, key, data_dir) as client:
-        try:
-            item = client.get(plain_id, offset)
-        except ApiError as exc:
-            raise _fail(exc) from None
-    console.print_json(json.dumps(item))
+    with connected(url, key, data_dir) as client:
+        item = client.items.get(plain_id, version=offset)
+    console.print_json(item.model_dump_json())
 
 
 @app.command()
@@ -338,19 +361,21 @@ def versions(
     item_id: str, url: UrlOpt = None, key: KeyOpt = None, data_dir: ClientDataDirOpt = None
 ) -> None:
     """List an item's versions, newest first, with the offset that id@V{N} takes."""
-    with make_client(url, key, data_dir) as client:
-        try:
-            rows = client.versions(item_id)
-        except ApiError as exc:
-            raise _fail(exc) from None
+    with connected(url, key, data_dir) as client:
+        rows = client.items.versions(item_id)
     table = Table("offset", "version", "title", "tags", "content", "created", "archived")
     for r in rows:
         table.add_row(
-            f"@V{r['offset']}", str(r["version"]), escape(r["title"] or ""),
-            escape(", ".join(f"{k}={v}" for k, v in r["tags"].items())),
-            r["content_hash"][:12], r["created_at"][:19], (r["archived_at"] or "")[:19],
+            f"@V{r.offset}", str(r.version), escape(r.title or ""),
+            escape(", ".join(f"{k}={v}" for k, v in r.tags.items())),
+            r.content_hash[:12], _stamp(r.created_at), _stamp(r.archived_at),
         )
     console.print(table)
+
+
+def _stamp(value: datetime | None) -> str:
+    """A server time as the API wrote it, to the second (`2024-03-01T10:00:00`), or ''."""
+    return value.isoformat()[:19] if value is not None else ""
 
 
 @app.command()
@@ -362,16 +387,12 @@ def delete(
     data_dir: ClientDataDirOpt = None,
 ) -> None:
     """Revert an item to its previous version, or delete it when it has none (or --purge)."""
-    with make_client(url, key, data_dir) as client:
-        try:
-            answer = client.delete(item_id, purge=purge)
-        except ApiError as exc:
-            raise _fail(exc) from None
-    if answer["outcome"] == "deleted":
-        console.print(f"{escape(answer['id'])}  deleted", soft_wrap=True)
+    with connected(url, key, data_dir) as client:
+        answer = client.items.delete(item_id, purge=purge)
+    if answer.outcome == "deleted":
+        console.print(f"{escape(answer.id)}  deleted", soft_wrap=True)
     else:
-        console.print(f"{escape(answer['id'])}  reverted to v{answer['version']}",
-                      soft_wrap=True)
+        console.print(f"{escape(answer.id)}  reverted to v{answer.version}", soft_wrap=True)
 
 
 def _search_filters(tags: list[str], kinds: list[str], items: list[str],
@@ -424,40 +445,28 @@ def search(
     data_dir: ClientDataDirOpt = None,
 ) -> None:
     """Search parts by hybrid (BM25 full-text + vector) search."""
-    body: dict[str, Any] = {"query": query, "limit": limit, "offset": offset, "mode": mode,
-                            "group_by": "item" if items else "part", "track": track}
-    options = {"alpha": alpha, "k": k, "blend": blend, "fusion": fusion}
-    body.update({name: value for name, value in options.items() if value is not None})
     dates = {"created_after": created_after, "created_before": created_before,
              "updated_after": updated_after, "updated_before": updated_before}
     filters = _search_filters(tag, kind, item, dates, valid_only)
-    if filters:
-        body["filters"] = filters
-    with make_client(url, key, data_dir) as client:
-        try:
-            response = client.search(body)
-        except ApiError as exc:
-            raise _fail(exc) from None
+    with connected(url, key, data_dir) as client:
+        # mode and fusion go as given: the server's 422 names the values it takes
+        response = client.search(query, mode=mode, limit=limit, offset=offset,
+                                 group_by="item" if items else "part", filters=filters,
+                                 alpha=alpha, k=k, blend=blend, fusion=fusion, track=track)
     if as_json:
-        console.print_json(json.dumps(response))
+        console.print_json(response.model_dump_json())
         return
-    for warning in response["warnings"]:
+    for warning in response.warnings:
         err.print(f"[yellow]warning:[/] {warning}")
     table = Table("#", "score", "fts", "vec", "item", "snippet", show_lines=False)
-    for n, r in enumerate(response["results"], offset + 1):
-        s = r["scores"]
-        snippet = escape(r["snippet"]).replace("<<", "[bold]").replace(">>", "[/bold]")
+    for n, r in enumerate(response.results, offset + 1):
+        s = r.scores
+        snippet = escape(r.snippet).replace("<<", "[bold]").replace(">>", "[/bold]")
         snippet = snippet.replace("\n", " ")
-        table.add_row(
-            str(n),
-            f"{s['final']:.3f}",
-            str(s["fts_rank"] or "-"),
-            str(s["vector_rank"] or "-"),
-            r["item"]["id"],
-            snippet,
-        )
+        table.add_row(str(n), f"{s.final:.3f}", str(s.fts_rank or "-"),
+                      str(s.vector_rank or "-"), r.item.id, snippet)
     console.print(table)
-    if not response["results"]:
+    if not response.results:
         err.print("no results")
 
 
@@ -500,11 +509,8 @@ def ingest(
             err.print(f"[red]error:[/] no such file: {urls}")
             raise typer.Exit(2)
         works += list(read_urls(urls, prefix, tally))
-    with make_client(url, key, data_dir) as client:
-        try:
-            Ingest(client, tags, err, tally).run(works, wait=wait, timeout_s=timeout)
-        except ApiError as exc:
-            raise _fail(exc) from None
+    with connected(url, key, data_dir) as client:
+        Ingest(client, tags, err, tally).run(works, wait=wait, timeout_s=timeout)
     console.print(summary_table(tally, waited=wait))
     if tally.failures:
         console.print(failures_table(tally))
@@ -522,6 +528,9 @@ app.add_typer(queues_app, name="queues", callback=_group_options)
 app.add_typer(keys_app, name="keys")
 app.add_typer(tenants_app, name="tenants")
 app.command("context")(context)
+from memmill.mcp_cli import mcp  # noqa: E402 - kept beside its registration
+
+app.command("mcp")(mcp)
 
 
 @app.command()

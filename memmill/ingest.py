@@ -15,13 +15,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from memmill.http_client import ApiError, Client
+if TYPE_CHECKING:
+    from api.schemas import BatchResult, ItemState
+    from memmill.client import Memmill
 
 # Never sent: credentials, keys and build junk. Hidden files and folders are skipped as well.
 SKIPPED_NAMES = (
@@ -174,7 +176,7 @@ class Ingest:
     tags, then optionally follow the submitted items until none is pending."""
 
     def __init__(
-        self, client: Client, tags: dict[str, str], console: Console, tally: Tally
+        self, client: Memmill, tags: dict[str, str], console: Console, tally: Tally
     ) -> None:
         self.client = client
         self.tags = tags
@@ -211,61 +213,61 @@ class Ingest:
         for work in chunk:
             if work.path is not None:
                 work.digest = hashlib.sha256(work.path.read_bytes()).hexdigest()
-        states = {s["id"]: s for s in self.client.lookup([w.id for w in chunk])["items"]}
+        states = {s.id: s for s in self.client.items.lookup([w.id for w in chunk]).items}
         changed = []
         for work in chunk:
             state = states.get(work.id)
             if state and self._same(work, state):
                 self.tally.unchanged += 1
-                if state["status"] == "failed":
-                    self.tally.failures[work.id] = state["error"] or "failed"
+                if state.status == "failed":
+                    self.tally.failures[work.id] = state.error or "failed"
             else:
                 changed.append(work)
         return changed
 
-    def _same(self, work: Work, state: dict[str, Any]) -> bool:
+    def _same(self, work: Work, state: ItemState) -> bool:
         """Whether sending `work` would change nothing, judged as the server judges a put:
         the same content hash and caller tags (system tags come from extraction), and the
         same title only where the work gives one. A file gives none, and the title the
         server extracted from its HTML or PDF is no reason to send it again."""
         entry = work.entry or {}
         tags = {**self.tags, **entry.get("tags", {})}
-        caller = {k: v for k, v in state["tags"].items() if not k.startswith("_")}
+        caller = {k: v for k, v in state.tags.items() if not k.startswith("_")}
         title = entry.get("title")
-        return (state["content_hash"] == work.digest and caller == tags
-                and (title is None or state["title"] == title))
+        return (state.content_hash == work.digest and caller == tags
+                and (title is None or state.title == title))
 
     def _submit(self, works: list[Work], progress: Progress, task: TaskID, started: float) -> None:
         files = [w for w in works if w.path is not None]
         entries = [w for w in works if w.entry is not None]
         for batch in _file_batches(files):
             payload = [(w.id, w.path.read_bytes()) for w in batch if w.path is not None]
-            self._record(self.client.upload(payload, tags=self.tags or None), batch)
+            self._record(self.client.items.upload(payload, tags=self.tags or None), batch)
             progress.update(task, advance=len(batch), **self._status(self.tally.submitted,
                                                                     started))
         for batch in _chunks(entries, ENTRY_BATCH):
             bodies = [{**w.entry, "tags": {**self.tags, **w.entry.get("tags", {})}}
                       for w in batch if w.entry is not None]
-            self._record(self.client.batch(bodies), batch)
+            self._record(self.client.items.batch(bodies), batch)
             progress.update(task, advance=len(batch), **self._status(self.tally.submitted,
                                                                     started))
 
-    def _record(self, answer: dict[str, Any], batch: list[Work]) -> None:
+    def _record(self, answer: BatchResult, batch: list[Work]) -> None:
         """Count each answer once: an item the server found unchanged (sent earlier in this
         run, say by a dump line repeating a file, or by another client since the lookup) is
         unchanged, not submitted as well."""
-        for accepted in answer["accepted"]:
-            if accepted["change"] == "unchanged":
+        for accepted in answer.accepted:
+            if accepted.change == "unchanged":
                 self.tally.unchanged += 1
                 continue
             self.tally.submitted += 1
-            if accepted["jobs"]:
-                self.tally.pending.add(accepted["id"])
+            if accepted.jobs:
+                self.tally.pending.add(accepted.id)
             else:
                 self.tally.ready += 1
-        for refused in answer["refused"]:
-            item_id = refused["id"] or batch[refused["index"]].id
-            self.tally.failures[item_id] = refused["error"]
+        for refused in answer.refused:
+            item_id = refused.id or batch[refused.index].id
+            self.tally.failures[item_id] = refused.error
 
     def _follow(self, progress: Progress, timeout_s: float) -> None:
         total = len(self.tally.pending)
@@ -273,16 +275,16 @@ class Ingest:
         started = time.monotonic()
         while self.tally.pending and time.monotonic() - started < timeout_s:
             for chunk in _id_chunks(sorted(self.tally.pending), LOOKUP_BATCH):
-                answer = self.client.lookup(chunk)
-                for state in answer["items"]:
-                    if state["status"] == "ready":
+                answer = self.client.items.lookup(chunk)
+                for state in answer.items:
+                    if state.status == "ready":
                         self.tally.ready += 1
-                    elif state["status"] == "failed":
-                        self.tally.failures[state["id"]] = state["error"] or "failed"
+                    elif state.status == "failed":
+                        self.tally.failures[state.id] = state.error or "failed"
                     else:
                         continue
-                    self.tally.pending.discard(state["id"])
-                for gone in answer["missing"]:
+                    self.tally.pending.discard(state.id)
+                for gone in answer.missing:
                     self.tally.failures[gone] = "the item was deleted while it was processed"
                     self.tally.pending.discard(gone)
             done = total - len(self.tally.pending)
@@ -329,4 +331,4 @@ def failures_table(tally: Tally, limit: int = 50) -> Table:
     return table
 
 
-__all__ = ["ApiError", "Ingest", "Tally", "Work", "read_urls", "walk"]
+__all__ = ["Ingest", "Tally", "Work", "read_urls", "walk"]

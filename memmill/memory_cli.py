@@ -8,19 +8,31 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from memmill.http_client import ApiError, Client
+if TYPE_CHECKING:  # imported where it is used: `memmill doctor` runs without httpx
+    from api.memory_schemas import (
+        EventPublic,
+        HistoryEntry,
+        OperationAccepted,
+        OperationPublic,
+        RecallHit,
+        SessionPublic,
+    )
+    from memmill.client import Memmill
 
 console = Console()
 err = Console(stderr=True)
 T = TypeVar("T")
+R = TypeVar("R", covariant=True)
 
 memory_app = typer.Typer(no_args_is_help=True,
                          help="Add, search, read, invalidate and delete agent memories.")
@@ -52,15 +64,16 @@ SESSIONS_PAGE = 500  # the most GET /v1/sessions gives at once
 EVENTS_PAGE = 1000  # the most GET /v1/sessions/{id}/events gives at once
 
 
-def _call(target: tuple[str | None, str | None, Path | None], fn: Callable[[Client], T]) -> T:
+def _call(target: tuple[str | None, str | None, Path | None], fn: Callable[[Memmill], T]) -> T:
     """Run `fn` with a client of the instance the user means (memmill.cli.make_client); a
     refusal is the server's message on stderr and exit 1."""
     from memmill.cli import make_client
+    from memmill.client import MemmillError
 
     with make_client(*target) as client:
         try:
             return fn(client)
-        except ApiError as exc:
+        except MemmillError as exc:
             err.print(f"error: {exc.detail}", markup=False, style="red")
             raise typer.Exit(1) from None
 
@@ -76,7 +89,10 @@ def _scope(user: str | None, agent: str | None, session: str | None = None) -> d
     return {k: v for k, v in scope.items() if v is not None}
 
 
-def _json(value: Any) -> None:
+def _json(value: BaseModel | dict[str, Any]) -> None:
+    """The server's answer as it sent it: a model as the API serializes it."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
     console.print_json(json.dumps(value))
 
 
@@ -84,9 +100,9 @@ def _line(text: str) -> None:
     console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
-def _when(value: str | None, width: int = 19) -> str:
+def _when(value: datetime | None, width: int = 19) -> str:
     """A server timestamp (UTC) as `2024-03-01 10:00:00`, or `-`."""
-    return value[:width].replace("T", " ") if value else "-"
+    return value.isoformat()[:width].replace("T", " ") if value else "-"
 
 
 def _one_line(text: str | None, width: int | None = None) -> str:
@@ -108,10 +124,10 @@ def _text(value: str | None) -> Text:
     return Text(value or "-")
 
 
-def _who(row: dict[str, Any]) -> str:
-    parts = [f"{name} {row[key]}" for name, key in
-             (("user", "user_id"), ("agent", "agent_id"), ("session", "session_id"))
-             if row.get(key)]
+def _who(user_id: str | None = None, agent_id: str | None = None,
+         session_id: str | None = None) -> str:
+    parts = [f"{name} {value}" for name, value in
+             (("user", user_id), ("agent", agent_id), ("session", session_id)) if value]
     return ", ".join(parts) or "-"
 
 
@@ -142,34 +158,32 @@ def memory_add(
     url: UrlOpt = None, key: KeyOpt = None, data_dir: DataDirOpt = None,
 ) -> None:
     """Store a memory; prints its id and version."""
-    body: dict[str, Any] = {
-        "scope": _scope(user, agent), "type": type_,
-        "content": sys.stdin.read() if content == "-" else content,
-        "confidence": confidence, "pinned": pinned}
-    optional = {"visibility": visibility, "observed_at": observed_at, "session_id": session,
-                "source": source}
-    body.update({k: v for k, v in optional.items() if v is not None})
-    written = _call((url, key, data_dir), lambda c: c.add_memory(body))
+    text = sys.stdin.read() if content == "-" else content
+    # visibility goes as given: the server's 422 names the values it takes
+    written = _call((url, key, data_dir), lambda c: c.memories.add(
+        text, user_id=user, agent_id=agent, type=type_, visibility=visibility,
+        confidence=confidence, pinned=pinned, observed_at=observed_at, session_id=session,
+        source=source))
     if as_json:
         _json(written)
         return
-    m = written["memory"]
-    _line(f"{m['id']}  v{m['version']}  {m['type']}  {m['visibility']}")
+    m = written.memory
+    _line(f"{m.id}  v{m.version}  {m.type}  {m.visibility}")
 
 
-def _hit_line(hit: dict[str, Any]) -> str:
+def _hit_line(hit: RecallHit) -> str:
     """`score  kind  date  id  text`: a memory's id and (if it has one) the end of its
     validity; a turn's session/event id and its speaker."""
-    text = _one_line(hit["content"])
-    if hit["kind"] == "memory":
-        ref, when = hit["id"], hit.get("observed_at") or hit.get("created_at")
-        if hit.get("valid_until"):
-            ref += f" (valid until {_when(hit['valid_until'], 16)})"
+    text = _one_line(hit.content)
+    if hit.kind == "memory":
+        ref, when = hit.id, hit.observed_at or hit.created_at
+        if hit.valid_until:
+            ref += f" (valid until {_when(hit.valid_until, 16)})"
     else:
-        ref, when = f"{hit['session_id']}/{hit['event_id']}", hit.get("created_at")
-        speaker = hit.get("sender_name") or hit.get("role")
+        ref, when = f"{hit.session_id}/{hit.event_id}", hit.created_at
+        speaker = hit.sender_name or hit.role
         text = f"{speaker}: {text}" if speaker else text
-    return f"{hit['score']:.3f}  {hit['kind']:<6}  {_when(when, 16):<16}  {ref}  {text}"
+    return f"{hit.score:.3f}  {hit.kind:<6}  {_when(when, 16):<16}  {ref}  {text}"
 
 
 @memory_app.command("search")
@@ -188,21 +202,17 @@ def memory_search(
 ) -> None:
     """Search memories (and with --events past turns): one line per hit with its score, kind,
     date, id (session/event for a turn) and text."""
-    body: dict[str, Any] = {"query": query, "scope": _scope(user, agent), "limit": limit,
-                            "include_events": events, "valid_only": not all_}
-    if type_:
-        body["types"] = type_
-    if session:
-        body["session_id"] = session
-    found = _call((url, key, data_dir), lambda c: c.search_memories(body))
+    found = _call((url, key, data_dir), lambda c: c.memories.search(
+        query, user_id=user, agent_id=agent, limit=limit, include_events=events,
+        valid_only=not all_, types=type_ or None, session_id=session or None))
     if as_json:
         _json(found)
         return
-    for warning in found["warnings"]:
+    for warning in found.warnings:
         err.print(f"warning: {warning}", markup=False, style="yellow")
-    for hit in found["results"]:
+    for hit in found.results:
         _line(_hit_line(hit))
-    if not found["results"]:
+    if not found.results:
         err.print("no results")
 
 
@@ -212,34 +222,36 @@ def memory_get(
     url: UrlOpt = None, key: KeyOpt = None, data_dir: DataDirOpt = None,
 ) -> None:
     """Show a memory the scope may read."""
-    m = _call((url, key, data_dir), lambda c: c.memory(memory_id, _scope(user, agent)))
+    m = _call((url, key, data_dir), lambda c: c.memories.get(memory_id, user_id=user,
+                                                               agent_id=agent))
     if as_json:
         _json(m)
         return
-    valid = "yes" if not m["valid_until"] else (
-        f"until {_when(m['valid_until'])}: {m['invalid_reason'] or 'no reason given'}")
+    valid = "yes" if not m.valid_until else (
+        f"until {_when(m.valid_until)}: {m.invalid_reason or 'no reason given'}")
     console.print(_fields([
-        ("id", m["id"]), ("type", m["type"]), ("content", _text(m["content"])),
-        ("scope", _text(_who(m))), ("visibility", m["visibility"]),
-        ("version", str(m["version"])), ("confidence", f"{m['confidence']:g}"),
-        ("pinned", "yes" if m["pinned"] else "no"), ("observed", _when(m["observed_at"])),
-        ("valid", _text(valid)), ("superseded by", m["superseded_by"] or "-"),
-        ("source", _text(m["source"])), ("hints", _text(", ".join(m["hints"]))),
-        ("source events", _text(_refs(m["source_events"]))),
-        ("metadata", _text(json.dumps(m["metadata"], ensure_ascii=False))),
-        ("created", _when(m["created_at"])), ("updated", _when(m["updated_at"])),
-        ("accessed", f"{m['access_count']} times, last {_when(m['accessed_at'])}"),
-        ("embedded", "yes" if m["embedded"] else "not yet"),
+        ("id", str(m.id)), ("type", m.type), ("content", _text(m.content)),
+        ("scope", _text(_who(m.user_id, m.agent_id, m.session_id))),
+        ("visibility", m.visibility), ("version", str(m.version)),
+        ("confidence", f"{m.confidence:g}"), ("pinned", "yes" if m.pinned else "no"),
+        ("observed", _when(m.observed_at)), ("valid", _text(valid)),
+        ("superseded by", str(m.superseded_by) if m.superseded_by else "-"),
+        ("source", _text(m.source)), ("hints", _text(", ".join(m.hints))),
+        ("source events", _text(_refs(m.source_events))),
+        ("metadata", _text(json.dumps(m.metadata, ensure_ascii=False))),
+        ("created", _when(m.created_at)), ("updated", _when(m.updated_at)),
+        ("accessed", f"{m.access_count} times, last {_when(m.accessed_at)}"),
+        ("embedded", "yes" if m.embedded else "not yet"),
     ]))
 
 
-def _change(entry: dict[str, Any]) -> str:
-    if entry["old_content"] is not None and entry["new_content"] != entry["old_content"]:
-        return f"{_one_line(entry['old_content'], 40)} → {_one_line(entry['new_content'], 40)}"
-    if entry["operation"] == "add":
-        return _one_line(entry["new_content"], 80)
-    return _one_line(json.dumps(entry["changes"], ensure_ascii=False), 80) \
-        if entry["changes"] else ""
+def _change(entry: HistoryEntry) -> str:
+    if entry.old_content is not None and entry.new_content != entry.old_content:
+        return f"{_one_line(entry.old_content, 40)} → {_one_line(entry.new_content, 40)}"
+    if entry.operation == "add":
+        return _one_line(entry.new_content, 80)
+    return _one_line(json.dumps(entry.changes, ensure_ascii=False), 80) \
+        if entry.changes else ""
 
 
 @memory_app.command("history")
@@ -248,15 +260,15 @@ def memory_history(
     url: UrlOpt = None, key: KeyOpt = None, data_dir: DataDirOpt = None,
 ) -> None:
     """Every change of a memory: version, operation, when, by which agent, why and what."""
-    found = _call((url, key, data_dir), lambda c: c.memory_history(memory_id,
-                                                                     _scope(user, agent)))
+    found = _call((url, key, data_dir), lambda c: c.memories.history(
+        memory_id, user_id=user, agent_id=agent))
     if as_json:
         _json(found)
         return
     table = Table("version", "operation", "at", "agent", "reason", "change")
-    for h in found["history"]:
-        table.add_row(str(h["version"]), h["operation"], _when(h["at"]),
-                      _text(h["agent_id"]), _text(h["reason"]), _text(_change(h)))
+    for h in found.history:
+        table.add_row(str(h.version), h.operation, _when(h.at), _text(h.agent_id),
+                      _text(h.reason), _text(_change(h)))
     console.print(table)
 
 
@@ -273,17 +285,13 @@ def memory_invalidate(
 ) -> None:
     """Mark a memory no longer valid. It stays, with its history; searches leave it out
     unless asked with --all."""
-    body: dict[str, Any] = {"scope": _scope(user, agent), "reason": reason}
-    if version is not None:
-        body["expected_version"] = version
-    if until is not None:
-        body["valid_until"] = until
-    m = _call((url, key, data_dir), lambda c: c.invalidate_memory(memory_id, body))
+    m = _call((url, key, data_dir), lambda c: c.memories.invalidate(
+        memory_id, reason=reason, user_id=user, agent_id=agent, expected_version=version,
+        valid_until=until))
     if as_json:
         _json(m)
         return
-    _line(f"{m['id']}  v{m['version']}  invalid from {_when(m['valid_until'])}: "
-          f"{m['invalid_reason']}")
+    _line(f"{m.id}  v{m.version}  invalid from {_when(m.valid_until)}: {m.invalid_reason}")
 
 
 def _interactive() -> bool:
@@ -316,8 +324,8 @@ def memory_delete(
         if session is not None:
             raise _usage("--session selects a delete by scope: give an ID or --session, "
                          "not both")
-        _call(target, lambda c: c.delete_memory(memory_id, _scope(user, agent),
-                                                version=version))
+        _call(target, lambda c: c.memories.delete(memory_id, user_id=user, agent_id=agent,
+                                                  expected_version=version))
         _line(f"{memory_id}  deleted")
         return
     scope = _scope(user, agent, session)
@@ -326,7 +334,7 @@ def memory_delete(
     if not scope:
         raise _usage("name the memory to delete, or the scope with --user, --agent or "
                       "--session (an empty scope would be every memory of the tenant)")
-    what = f"every memory of {_who(scope)}"
+    what = f"every memory of {_who(**scope)}"
     if not yes:
         if not _interactive():
             raise _usage(f"refusing to delete {what} without --yes (stdin is not a terminal, "
@@ -334,52 +342,57 @@ def memory_delete(
         if not typer.confirm(f"Delete {what}?", default=False, err=True):
             err.print("nothing deleted")
             raise typer.Exit(1)
-    op = _call(target, lambda c: _delete_scope(c, scope, what, wait=wait, timeout_s=timeout))
+
+    def start(client: Memmill) -> OperationAccepted:
+        return client.memories.delete_scope(user_id=user, agent_id=agent, session_id=session)
+
+    if not wait:
+        accepted = _call(target, start)
+        if as_json:
+            _json(accepted)
+        else:
+            _line(str(accepted.operation_id))
+        return
+    op = _call(target, lambda c: _follow(c, start(c), what, timeout_s=timeout))
     if as_json:
         _json(op)
-    elif not wait:
-        _line(op["operation_id"])
-    if wait:
-        _report_delete(op, what, timeout, counts=not as_json)
+    _report_delete(op, what, timeout, counts=not as_json)
 
 
-def _delete_scope(client: Client, scope: dict[str, str], what: str, *, wait: bool,
-                  timeout_s: float) -> dict[str, Any]:
-    """Start the delete; with `wait`, follow its operation (a long poll at a time) until it
-    finishes or `timeout_s` runs out, and return it as it then stands."""
-    accepted = client.delete_scope(scope)
-    if not wait:
-        return accepted
-    op_id = accepted["operation_id"]
+def _follow(client: Memmill, accepted: OperationAccepted, what: str, *,
+            timeout_s: float) -> OperationPublic:
+    """Follow a delete by scope's operation (a long poll at a time) until it finishes or
+    `timeout_s` runs out, and return it as it then stands. The client's own `wait=` is not
+    used: it raises on a timeout, and this shows the progress meanwhile."""
+    op_id = str(accepted.operation_id)
     started = time.monotonic()
     with err.status(f"deleting {what}…") as status:
         while True:
             left = timeout_s - (time.monotonic() - started)
-            op = client.operation(op_id, wait_s=min(POLL_S, left) if left > 0 else None)
-            if op["status"] in FINISHED or left <= 0:
+            op = client.operations.get(op_id, wait_s=min(POLL_S, left) if left > 0 else None)
+            if op.status in FINISHED or left <= 0:
                 return op
-            status.update(f"deleting {what}… {op['status']}, "
-                          f"{time.monotonic() - started:.0f}s")
+            status.update(f"deleting {what}… {op.status}, {time.monotonic() - started:.0f}s")
 
 
-def _report_delete(op: dict[str, Any], what: str, timeout_s: float, *, counts: bool) -> None:
+def _report_delete(op: OperationPublic, what: str, timeout_s: float, *, counts: bool) -> None:
     """The counts on stdout (unless `counts` is off: --json printed them); exit 1 unless
     the operation finished and nothing of the scope is left."""
-    if op["status"] not in FINISHED:
-        err.print(f"still {op['status']} after {timeout_s:.0f}s: operation {op['id']}",
+    if op.status not in FINISHED:
+        err.print(f"still {op.status} after {timeout_s:.0f}s: operation {op.id}",
                   markup=False, style="yellow")
         raise typer.Exit(1)
-    if op["status"] != "done":
-        err.print(f"error: deleting {what} {op['status']}: {op['error'] or 'no reason given'}"
-                  f" (operation {op['id']})", markup=False, style="red")
+    if op.status != "done":
+        err.print(f"error: deleting {what} {op.status}: {op.error or 'no reason given'}"
+                  f" (operation {op.id})", markup=False, style="red")
         raise typer.Exit(1)
-    r = op["result"]
+    r = op.result
     if counts:
         _line(f"deleted {r['deleted']} memories of {what.removeprefix('every memory of ')} "
               f"in {r['batches']} batch(es); {r['remaining']} remaining")
     if not r.get("verified"):
         err.print(f"warning: {r['remaining']} memories of the scope are still there (written "
-                  f"or held by a job meanwhile): run the delete again; operation {op['id']}",
+                  f"or held by a job meanwhile): run the delete again; operation {op.id}",
                   markup=False, style="yellow")
         raise typer.Exit(1)
 
@@ -387,17 +400,28 @@ def _report_delete(op: dict[str, Any], what: str, timeout_s: float, *, counts: b
 # sessions ----------------------------------------------------------------------------------
 
 
-def _pages(fetch: Callable[[str | None, int], dict[str, Any]], limit: int | None,
-           page_max: int) -> tuple[list[dict[str, Any]], str | None]:
+class Page(Protocol[R]):
+    """A page of a cursor listing (SessionsPage, EventsPage)."""
+
+    @property
+    def data(self) -> list[R]: ...
+
+    @property
+    def next_cursor(self) -> str | None: ...
+
+
+def _pages(fetch: Callable[[str | None, int], Page[R]], limit: int | None,
+           page_max: int) -> tuple[list[R], str | None]:
     """Rows from page after page (following next_cursor) until `limit` (None: all); with the
-    cursor of what is left, if anything is."""
-    rows: list[dict[str, Any]] = []
+    cursor of what is left, if anything is. The client's own page iterators are not used:
+    they cannot stop at `limit` and say whether more is left."""
+    rows: list[R] = []
     cursor: str | None = None
     while True:
         want = page_max if limit is None else min(page_max, limit - len(rows))
         page = fetch(cursor, want)
-        rows += page["data"]
-        cursor = page["next_cursor"]
+        rows += page.data
+        cursor = page.next_cursor
         if cursor is None or (limit is not None and len(rows) >= limit):
             return rows, cursor
 
@@ -415,19 +439,19 @@ def sessions_list(
     url: UrlOpt = None, key: KeyOpt = None, data_dir: DataDirOpt = None,
 ) -> None:
     """Sessions the scope may read, most recently written first."""
-    scope = _scope(user, agent)
+    rows: list[SessionPublic]
     rows, cursor = _call((url, key, data_dir), lambda c: _pages(
-        lambda at, n: c.sessions({**scope, "cursor": at, "limit": n}), limit, SESSIONS_PAGE))
+        lambda at, n: c.sessions.list(user_id=user, agent_id=agent, cursor=at, limit=n),
+        limit, SESSIONS_PAGE))
     if as_json:
-        _json({"data": rows, "next_cursor": cursor})
+        _json({"data": [s.model_dump(mode="json") for s in rows], "next_cursor": cursor})
         return
     table = Table("id", "user", "agent", "visibility", "events", "first event", "last event",
                   "ended", "summary")
     for s in rows:
-        table.add_row(_text(s["id"]), _text(s["user_id"]), _text(s["agent_id"]),
-                      s["visibility"], str(s["events"]), _when(s["first_event_at"]),
-                      _when(s["last_event_at"]), _when(s["ended_at"]),
-                      _text(_one_line(s["summary"], 60)))
+        table.add_row(_text(s.id), _text(s.user_id), _text(s.agent_id), s.visibility,
+                      str(s.events), _when(s.first_event_at), _when(s.last_event_at),
+                      _when(s.ended_at), _text(_one_line(s.summary, 60)))
     console.print(table)
     _more(len(rows), cursor)
 
@@ -438,17 +462,18 @@ def sessions_show(
     url: UrlOpt = None, key: KeyOpt = None, data_dir: DataDirOpt = None,
 ) -> None:
     """A session: its scope, counts, times, summary and whether every event is embedded."""
-    s = _call((url, key, data_dir), lambda c: c.session(session_id, _scope(user, agent)))
+    s = _call((url, key, data_dir), lambda c: c.sessions.get(session_id, user_id=user,
+                                                               agent_id=agent))
     if as_json:
         _json(s)
         return
     console.print(_fields([
-        ("id", _text(s["id"])), ("scope", _text(_who(s))), ("visibility", s["visibility"]),
-        ("events", str(s["events"])), ("first event", _when(s["first_event_at"])),
-        ("last event", _when(s["last_event_at"])), ("last write", _when(s["last_write_at"])),
-        ("ended", _when(s["ended_at"])),
-        ("embedded", {True: "yes", False: "not yet", None: "-"}[s["embedded"]]),
-        ("summary", _text(s["summary"])),
+        ("id", _text(s.id)), ("scope", _text(_who(s.user_id, s.agent_id))),
+        ("visibility", s.visibility), ("events", str(s.events)),
+        ("first event", _when(s.first_event_at)), ("last event", _when(s.last_event_at)),
+        ("last write", _when(s.last_write_at)), ("ended", _when(s.ended_at)),
+        ("embedded", {True: "yes", False: "not yet", None: "-"}[s.embedded]),
+        ("summary", _text(s.summary)),
     ]))
 
 
@@ -462,17 +487,18 @@ def sessions_events(
     url: UrlOpt = None, key: KeyOpt = None, data_dir: DataDirOpt = None,
 ) -> None:
     """A session's events in order, one per line: event id, time, speaker and text."""
-    params = {**_scope(user, agent), "since": since}
+    rows: list[EventPublic]
     rows, cursor = _call((url, key, data_dir), lambda c: _pages(
-        lambda at, n: c.session_events(session_id, {**params, "cursor": at, "limit": n}),
+        lambda at, n: c.sessions.events(session_id, user_id=user, agent_id=agent, since=since,
+                                        cursor=at, limit=n),
         limit, EVENTS_PAGE))
     if as_json:
-        _json({"data": rows, "next_cursor": cursor})
+        _json({"data": [e.model_dump(mode="json") for e in rows], "next_cursor": cursor})
         return
     for e in rows:
-        speaker = e["role"] + (f" {e['sender_name']}" if e["sender_name"] else "")
-        text = e["content"].replace("\n", "\n    ")
-        _line(f"[{e['event_id']}] {_when(e['created_at'])}  {speaker}: {text}")
+        speaker = e.role + (f" {e.sender_name}" if e.sender_name else "")
+        text = e.content.replace("\n", "\n    ")
+        _line(f"[{e.event_id}] {_when(e.created_at)}  {speaker}: {text}")
     _more(len(rows), cursor)
 
 
@@ -491,25 +517,21 @@ def context(
 ) -> None:
     """The text an agent should see now, within a token budget: on stdout, so that it can be
     piped to a model; its sections with their token counts on stderr."""
-    body: dict[str, Any] = {"scope": _scope(user, agent), "max_tokens": max_tokens}
-    if session is not None:
-        body["session_id"] = session
-    if query is not None:
-        body["query"] = query
-    packed = _call((url, key, data_dir), lambda c: c.context(body))
+    packed = _call((url, key, data_dir), lambda c: c.context(
+        user_id=user, agent_id=agent, session_id=session, query=query, max_tokens=max_tokens))
     if as_json:
         _json(packed)
         return
-    text = packed["context"]
+    text = packed.context
     if text:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         sys.stdout.flush()
     else:
         err.print("the context is empty: nothing of this scope matches")
-    for section in packed["sections"]:
-        err.print(f"  {section['name']:<20} {section['tokens']:>6} tokens", markup=False,
+    for section in packed.sections:
+        err.print(f"  {section.name:<20} {section.tokens:>6} tokens", markup=False,
                   highlight=False)
-    err.print(f"{packed['tokens']} of {max_tokens} tokens ({packed['tokenizer']}), "
-              f"{len(packed['included'])} entries"
-              + (", truncated: something was left out" if packed["truncated"] else ""),
+    err.print(f"{packed.tokens} of {max_tokens} tokens ({packed.tokenizer}), "
+              f"{len(packed.included)} entries"
+              + (", truncated: something was left out" if packed.truncated else ""),
               markup=False, highlight=False)

@@ -3,15 +3,16 @@ of the job ledger."""
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from memmill.http_client import ApiError
+if TYPE_CHECKING:  # imported where it is used: `memmill doctor` runs without httpx
+    from memmill.client import Memmill
 
 console = Console()
 err = Console(stderr=True)
@@ -23,15 +24,19 @@ queues_app = typer.Typer(no_args_is_help=True,
 
 UrlOpt = Annotated[str | None, typer.Option("--url", envvar="MEMMILL_URL", help="API URL.")]
 KeyOpt = Annotated[str | None, typer.Option("--key", envvar="MEMMILL_API_KEY", help="API key.")]
+T = TypeVar("T")
 
 
-def _call(url: str | None, key: str | None, fn):  # type: ignore[no-untyped-def]
+def _call(url: str | None, key: str | None, fn: Callable[[Memmill], T]) -> T:
+    """Run `fn` with a client of the instance the user means (memmill.cli.make_client); a
+    refusal is the server's message on stderr and exit 1."""
     from memmill.cli import make_client
+    from memmill.client import MemmillError
 
     with make_client(url, key) as client:
         try:
             return fn(client)
-        except ApiError as exc:
+        except MemmillError as exc:
             err.print(f"[red]error:[/] {escape(exc.detail)}")
             raise typer.Exit(1) from None
 
@@ -51,54 +56,54 @@ def jobs_list(
     url: UrlOpt = None, key: KeyOpt = None,
 ) -> None:
     """Jobs, newest first."""
-    page = _call(url, key, lambda c: c.jobs(
-        {"status": status, "kind": kind, "item_id": item, "limit": limit}))
+    page = _call(url, key, lambda c: c.jobs.list(status=status or None, kind=kind or None,
+                                                 item_id=item or None, limit=limit))
     table = Table("id", "kind", "item", "status", "tries", "created", "last error")
-    for j in page["data"]:
-        table.add_row(j["id"], j["kind"], _short(j["item_id"], 30), j["status"],
-                      f"{j['attempts']}/{j['max_attempts']}", j["created_at"][:19],
-                      _short(j["last_error"], 40))
+    for j in page.data:
+        table.add_row(str(j.id), j.kind, _short(j.item_id, 30), j.status,
+                      f"{j.attempts}/{j.max_attempts}", j.created_at.isoformat()[:19],
+                      _short(j.last_error, 40))
     console.print(table)
-    console.print(f"{len(page['data'])} of {page['count']}")
+    console.print(f"{len(page.data)} of {page.count}")
 
 
 @jobs_app.command("show")
 def jobs_show(job_id: str, url: UrlOpt = None, key: KeyOpt = None) -> None:
     """One job with its attempt history."""
-    console.print_json(json.dumps(_call(url, key, lambda c: c.job(job_id))))
+    console.print_json(_call(url, key, lambda c: c.jobs.get(job_id)).model_dump_json())
 
 
 @jobs_app.command("stats")
 def jobs_stats(url: UrlOpt = None, key: KeyOpt = None) -> None:
     """Counts by status and kind, due jobs, the oldest due job, live workers; an operator's
     key also sees the whole queue's depth and each worker."""
-    stats: dict[str, Any] = _call(url, key, lambda c: c.job_stats())
-    table = Table("kind", *sorted(stats["by_status"]))
-    for kind, counts in sorted(stats["by_kind"].items()):
-        table.add_row(kind, *(str(counts.get(s, 0)) for s in sorted(stats["by_status"])))
+    stats = _call(url, key, lambda c: c.jobs.stats())
+    table = Table("kind", *sorted(stats.by_status))
+    for kind, counts in sorted(stats.by_kind.items()):
+        table.add_row(kind, *(str(counts.get(s, 0)) for s in sorted(stats.by_status)))
     console.print(table)
-    age = stats["oldest_queued_age_s"]
-    line = (f"due: {stats['due']}   oldest due: {'-' if age is None else f'{age:.1f}s ago'}   "
-            f"workers alive: {stats['workers_alive']}")
-    if stats.get("workers") is not None:  # what an operator's key is shown
-        line += f"   queue depth: {stats['queue_depth']} (all tenants)"
+    age = stats.oldest_queued_age_s
+    line = (f"due: {stats.due}   oldest due: {'-' if age is None else f'{age:.1f}s ago'}   "
+            f"workers alive: {stats.workers_alive}")
+    if stats.workers is not None:  # what an operator's key is shown
+        line += f"   queue depth: {stats.queue_depth} (all tenants)"
     console.print(line)
-    for w in stats.get("workers") or []:
-        console.print(f"  {w['id']}  last seen {w['last_seen_at'][:19]}")
+    for w in stats.workers or []:
+        console.print(f"  {w.id}  last seen {w.last_seen_at.isoformat()[:19]}")
 
 
 @jobs_app.command("retry")
 def jobs_retry(job_id: str, url: UrlOpt = None, key: KeyOpt = None) -> None:
     """Run a dead, cancelled or backing-off job now with fresh attempts."""
-    job = _call(url, key, lambda c: c.job_action(job_id, "retry"))
-    console.print(f"{job['id']}  {job['kind']}  {job['status']}")
+    job = _call(url, key, lambda c: c.jobs.retry(job_id))
+    console.print(f"{job.id}  {job.kind}  {job.status}")
 
 
 @jobs_app.command("cancel")
 def jobs_cancel(job_id: str, url: UrlOpt = None, key: KeyOpt = None) -> None:
     """Cancel a job that has not started."""
-    job = _call(url, key, lambda c: c.job_action(job_id, "cancel"))
-    console.print(f"{job['id']}  {job['kind']}  {job['status']}")
+    job = _call(url, key, lambda c: c.jobs.cancel(job_id))
+    console.print(f"{job.id}  {job.kind}  {job.status}")
 
 
 @dead_app.command("list")
@@ -111,21 +116,22 @@ def dead_list(
     url: UrlOpt = None, key: KeyOpt = None,
 ) -> None:
     """Dead letters, newest first."""
-    page = _call(url, key, lambda c: c.dead_letters(
-        {"kind": kind, "item_id": item, "replayed": replayed, "limit": limit}))
+    page = _call(url, key, lambda c: c.dead_letters.list(kind=kind, item_id=item,
+                                                         replayed=replayed, limit=limit))
     table = Table("id", "kind", "item", "tries", "permanent", "replayed", "reason")
-    for d in page["data"]:
-        table.add_row(str(d["id"]), d["kind"], _short(d["item_id"], 30), str(d["attempts"]),
-                      "yes" if d["permanent"] else "no", "yes" if d["replayed_at"] else "no",
-                      _short(d["reason"]))
+    for d in page.data:
+        table.add_row(str(d.id), d.kind, _short(d.item_id, 30), str(d.attempts),
+                      "yes" if d.permanent else "no", "yes" if d.replayed_at else "no",
+                      _short(d.reason))
     console.print(table)
-    console.print(f"{len(page['data'])} of {page['count']}")
+    console.print(f"{len(page.data)} of {page.count}")
 
 
 @dead_app.command("show")
 def dead_show(dead_letter_id: int, url: UrlOpt = None, key: KeyOpt = None) -> None:
     """One dead letter with every attempt's error and traceback."""
-    console.print_json(json.dumps(_call(url, key, lambda c: c.dead_letter(dead_letter_id))))
+    letter = _call(url, key, lambda c: c.dead_letters.get(dead_letter_id))
+    console.print_json(letter.model_dump_json())
 
 
 @dead_app.command("replay")
@@ -141,21 +147,22 @@ def dead_replay(
     if dead_letter_id is None and not (all_ or kind or item):
         err.print("[red]error:[/] name a dead letter id, or pass --all, --kind or --item")
         raise typer.Exit(2)
-    body = {k: v for k, v in {"kind": kind, "item_id": item}.items() if v}
-    result = _call(url, key, lambda c: c.replay(dead_letter_id, body))
-    console.print(f"replayed {result['replayed']} job(s)")
+    result = _call(url, key, lambda c: c.dead_letters.replay(dead_letter_id)
+                   if dead_letter_id is not None
+                   else c.dead_letters.replay_all(kind=kind or None, item_id=item or None))
+    console.print(f"replayed {result.replayed} job(s)")
 
 
 @queues_app.command("list")
 def queues_list(url: UrlOpt = None, key: KeyOpt = None) -> None:
     """Each job kind: paused or not, and this tenant's queued, retrying, waiting and running
     jobs."""
-    result = _call(url, key, lambda c: c.queues())
+    result = _call(url, key, lambda c: c.queues.list())
     table = Table("kind", "state", "queued", "retrying", "waiting", "running", "oldest due")
-    for q in result["data"]:
-        age = q["oldest_due_age_s"]
-        table.add_row(q["kind"], "paused" if q["paused"] else "running", str(q["queued"]),
-                      str(q["retrying"]), str(q["waiting"]), str(q["running"]),
+    for q in result.data:
+        age = q.oldest_due_age_s
+        table.add_row(q.kind, "paused" if q.paused else "running", str(q.queued),
+                      str(q.retrying), str(q.waiting), str(q.running),
                       "-" if age is None else f"{age:.0f} s")
     console.print(table)
 
@@ -163,12 +170,12 @@ def queues_list(url: UrlOpt = None, key: KeyOpt = None) -> None:
 @queues_app.command("pause")
 def queues_pause(kind: str, url: UrlOpt = None, key: KeyOpt = None) -> None:
     """Stop workers taking KIND, for every tenant; its jobs wait in the ledger."""
-    result = _call(url, key, lambda c: c.queue_action(kind, "pause"))
-    console.print(f"{kind} paused" if result["changed"] else f"{kind} was paused already")
+    result = _call(url, key, lambda c: c.queues.pause(kind))
+    console.print(f"{kind} paused" if result.changed else f"{kind} was paused already")
 
 
 @queues_app.command("resume")
 def queues_resume(kind: str, url: UrlOpt = None, key: KeyOpt = None) -> None:
     """Let workers take KIND again."""
-    result = _call(url, key, lambda c: c.queue_action(kind, "resume"))
-    console.print(f"{kind} resumed" if result["changed"] else f"{kind} was not paused")
+    result = _call(url, key, lambda c: c.queues.resume(kind))
+    console.print(f"{kind} resumed" if result.changed else f"{kind} was not paused")

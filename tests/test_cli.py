@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,12 @@ import asyncpg
 from rich.console import Console
 from typer.testing import CliRunner, Result
 
+from api.schemas import BatchResult
+from memmill import Memmill
 from memmill.cli import app
-from memmill.http_client import Client
+from memmill.client.calls import Sync
+from memmill.client.resources import Items
+from memmill.client.transport import SyncRunner
 from memmill.ingest import Ingest, Tally, walk
 from pipeline.settings import Settings
 from tests.conftest import drain, free_port
@@ -201,18 +206,26 @@ async def _keep_draining(settings: Settings, pool: asyncpg.Pool) -> None:
         await asyncio.sleep(0.2)
 
 
-class Recording(Client):
+class RecordingItems(Items[Sync]):
+    """The real item operations, remembering the ids sent for writing in `sent`."""
+
+    def __init__(self, runner: SyncRunner, sent: list[str]) -> None:
+        super().__init__(runner)
+        self.sent = sent
+
+    def upload(self, files: Sequence[tuple[str, bytes]], **options: Any) -> BatchResult:
+        self.sent += [name for name, _ in files]
+        return super().upload(files, **options)
+
+    def batch(self, entries: Sequence[Mapping[str, Any]], **options: Any) -> BatchResult:
+        self.sent += [entry["id"] for entry in entries]
+        return super().batch(entries, **options)
+
+
+class Recording(Memmill):
     """A real client that remembers the ids it sent for writing."""
 
     def __init__(self, url: str, key: str) -> None:
         super().__init__(url, key)
         self.sent: list[str] = []
-
-    def upload(self, files: list[tuple[str, bytes]], *, tags: dict[str, str] | None = None
-               ) -> dict[str, Any]:
-        self.sent += [name for name, _ in files]
-        return super().upload(files, tags=tags)
-
-    def batch(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
-        self.sent += [entry["id"] for entry in entries]
-        return super().batch(entries)
+        self.items = RecordingItems(self._runner, self.sent)

@@ -13,7 +13,7 @@ import httpx
 from typer.testing import CliRunner, Result
 
 from memmill.cli import app, split_version
-from memmill.http_client import id_segment
+from memmill.client import calls
 
 LONG = "é" * 256  # 256 characters, 512 bytes of UTF-8
 # Each nasty id with its path segment written out by hand, so the tests do not trust the
@@ -38,7 +38,7 @@ DECOYS = ("aAb", "doc", "a", "etc/passwd")
 
 
 def test_the_client_encodes_each_id_as_one_segment() -> None:
-    assert {item_id: id_segment(item_id) for item_id in NASTY} == NASTY
+    assert {item_id: calls.segment(item_id) for item_id in NASTY} == NASTY
 
 
 async def test_nasty_ids_round_trip_over_http(

@@ -21,6 +21,7 @@ from api.deps import (
     SettingsDep,
 )
 from api.memory_schemas import (
+    MAX_METADATA_BYTES,
     HistoryEntry,
     MemoriesPage,
     MemoryCreate,
@@ -39,6 +40,7 @@ from api.memory_schemas import (
     ScopedDelete,
     ScopeIn,
     WaitSeconds,
+    metadata_filter,
 )
 from api.schemas import SafeStr
 from pipeline import jobs, quotas
@@ -99,7 +101,8 @@ async def add_memory(body: MemoryCreate, principal: CurrentPrincipal, pool: Pool
         type=body.type, content=body.content, confidence=body.confidence, source=body.source,
         metadata=body.metadata, hints=tuple(body.hints), pinned=body.pinned,
         observed_at=body.observed_at, session_id=body.session_id,
-        source_events=tuple((r.session_id, r.event_id) for r in body.source_events))
+        source_events=tuple((r.session_id, r.event_id) for r in body.source_events),
+        id=body.memory_id, valid_until=body.valid_until)
     await quotas.check(pool, principal.tenant_id, memories=1, bytes=len(new.content.encode()),
                        jobs=1, settings=settings)
     async with pool.acquire() as conn, conn.transaction():
@@ -122,7 +125,8 @@ async def search_memories(body: RecallSearch, principal: CurrentPrincipal, pool:
         offset=body.offset,
         memories=body.include_memories, events=body.include_events, session_id=body.session_id,
         types=body.types, valid_only=body.valid_only, as_of=body.as_of,
-        min_confidence=body.min_confidence, after=body.after, before=body.before)
+        min_confidence=body.min_confidence, after=body.after, before=body.before,
+        metadata=body.metadata)
     outcome = await recall.search(search_pool, queries, settings,
                                   tenant_id=principal.tenant_id, params=params)
     hit = [uuid.UUID(r["id"]) for r in outcome.results if r["kind"] == "memory"]
@@ -166,13 +170,17 @@ async def list_memories(
     valid_only: bool = True,
     cursor: Annotated[SafeStr | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    metadata: Annotated[SafeStr | None, Query(max_length=MAX_METADATA_BYTES, description=(
+        'Only memories whose metadata contains this JSON object (`{"project": "apollo"}`), '
+        "as Postgres' jsonb @> does."))] = None,
 ) -> MemoriesPage:
     """The memories the scope may read, newest first, a page at a time."""
     after = _read_cursor(cursor) if cursor else (None, None)
+    contains = metadata_filter(metadata) if metadata is not None else None
     rows = await pool.fetch(Q["memories.list"], principal.tenant_id, reader.user_id,
                             reader.agent_id,
                             type or None,
-                            valid_only, after[0], after[1], limit + 1)
+                            valid_only, after[0], after[1], limit + 1, contains)
     more = len(rows) > limit
     rows = rows[:limit]
     return MemoriesPage(data=[public(r) for r in rows],

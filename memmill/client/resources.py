@@ -8,9 +8,11 @@ take `user_id` and `agent_id` (a key bound to a user or an agent supplies its ow
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal, TypeVar
+from uuid import UUID
 
 from pydantic import BaseModel, TypeAdapter
 
@@ -107,6 +109,15 @@ def if_match(version: int | None) -> dict[str, str] | None:
     return None if version is None else {"If-Match": f'"{version}"'}
 
 
+def iso(at: datetime | str | None) -> str | None:
+    return at.isoformat() if isinstance(at, datetime) else at
+
+
+def contains(metadata: Mapping[str, Any] | None) -> str | None:
+    """A metadata filter as the `metadata` query parameter takes it: JSON text."""
+    return None if metadata is None else json.dumps(dict(metadata))
+
+
 class Items(Resource[Mode]):
     """Documents, files, notes and URLs, and their versions."""
 
@@ -182,18 +193,22 @@ class Memories(Resource[Mode]):
             confidence: float | None = None, source: str | None = None,
             metadata: Mapping[str, Any] | None = None, hints: Sequence[str] | None = None,
             pinned: bool | None = None, observed_at: datetime | str | None = None,
-            session_id: str | None = None, wait: bool | float = False) -> Call[MemoryWritten]:
+            valid_until: datetime | str | None = None, session_id: str | None = None,
+            memory_id: UUID | str | None = None,
+            wait: bool | float = False) -> Call[MemoryWritten]:
         """Write a memory (a `fact` unless `type` names another built-in or registered type);
         searchable by its words at once, by meaning once embedded (`wait` for that: True, or
-        seconds)."""
+        seconds). `memory_id` makes the write safe to send again: an id the tenant holds
+        already is a `Conflict`. `valid_until`: reads of valid memories leave it out from then."""
         timeout = wait_s(wait)
-        observed = observed_at.isoformat() if isinstance(observed_at, datetime) else observed_at
         return Call("POST", "/v1/memories", model(MemoryWritten),
-                    json=fields(content=content, scope=scope_of(user_id, agent_id), type=type,
+                    json=fields(memory_id=str(memory_id) if memory_id is not None else None,
+                                content=content, scope=scope_of(user_id, agent_id), type=type,
                                 visibility=visibility, confidence=confidence, source=source,
                                 metadata=dict(metadata) if metadata is not None else None,
                                 hints=list(hints) if hints is not None else None, pinned=pinned,
-                                observed_at=observed, session_id=session_id),
+                                observed_at=iso(observed_at), valid_until=iso(valid_until),
+                                session_id=session_id),
                     wait=Wait(timeout, operation_ids=lambda r: [str(r.operation_id)],
                               scope=scope_of(user_id, agent_id)) if timeout else None)
 
@@ -206,20 +221,25 @@ class Memories(Resource[Mode]):
     @endpoint
     def list(self, *, user_id: str | None = None, agent_id: str | None = None,
              type: str | None = None, valid_only: bool | None = None, limit: int | None = None,
-             cursor: str | None = None) -> Call[MemoriesPage]:
-        """One page of the memories the scope sees; `next_cursor` asks for the next."""
+             cursor: str | None = None,
+             metadata: Mapping[str, Any] | None = None) -> Call[MemoriesPage]:
+        """One page of the memories the scope sees; `next_cursor` asks for the next.
+        `metadata`: only those whose metadata contains it (jsonb @>)."""
         return Call("GET", "/v1/memories", model(MemoriesPage),
                     params=fields(user_id=user_id, agent_id=agent_id, type=type,
-                                  valid_only=valid_only, limit=limit, cursor=cursor))
+                                  valid_only=valid_only, limit=limit, cursor=cursor,
+                                  metadata=contains(metadata)))
 
     @pages
     def iterate(self, *, user_id: str | None = None, agent_id: str | None = None,
                 type: str | None = None, valid_only: bool | None = None,
+                metadata: Mapping[str, Any] | None = None,
                 page_size: int = 100) -> PageCall[MemoryPublic]:
         """Every memory the scope sees, a page at a time."""
         first = Call("GET", "/v1/memories", model(MemoriesPage),
                      params=fields(user_id=user_id, agent_id=agent_id, type=type,
-                                   valid_only=valid_only, limit=page_size))
+                                   valid_only=valid_only, limit=page_size,
+                                   metadata=contains(metadata)))
         return PageCall(first, lambda page: page.data, cursor_pages)
 
     @endpoint
@@ -232,14 +252,13 @@ class Memories(Resource[Mode]):
         """Change a memory if it is still at `expected_version` (else `Conflict`, naming the
         current one)."""
         timeout = wait_s(wait)
-        observed = observed_at.isoformat() if isinstance(observed_at, datetime) else observed_at
         return Call("PATCH", f"/v1/memories/{segment(memory_id)}", model(MemoryWritten),
                     json=fields(scope=scope_of(user_id, agent_id),
                                 expected_version=expected_version, content=content, type=type,
                                 confidence=confidence, source=source,
                                 metadata=dict(metadata) if metadata is not None else None,
                                 hints=list(hints) if hints is not None else None, pinned=pinned,
-                                observed_at=observed),
+                                observed_at=iso(observed_at)),
                     wait=Wait(timeout, operation_ids=lambda r: [str(r.operation_id)]
                               if r.operation_id else [],
                               scope=scope_of(user_id, agent_id)) if timeout else None)
@@ -247,10 +266,13 @@ class Memories(Resource[Mode]):
     @endpoint
     def invalidate(self, memory_id: str, *, reason: str | None = None,
                    user_id: str | None = None, agent_id: str | None = None,
-                   expected_version: int | None = None) -> Call[MemoryPublic]:
-        """Mark a memory no longer valid (kept, with its history, and out of default reads)."""
+                   expected_version: int | None = None,
+                   valid_until: datetime | str | None = None) -> Call[MemoryPublic]:
+        """Mark a memory no longer valid (kept, with its history, and out of default reads),
+        from `valid_until` (default now: a fact can be known to have ended earlier)."""
         return Call("POST", f"/v1/memories/{segment(memory_id)}/invalidate", model(MemoryPublic),
-                    json=fields(scope=scope_of(user_id, agent_id), reason=reason),
+                    json=fields(scope=scope_of(user_id, agent_id), reason=reason,
+                                valid_until=iso(valid_until)),
                     headers=if_match(expected_version))
 
     @endpoint
@@ -273,23 +295,29 @@ class Memories(Resource[Mode]):
                session_id: str | None = None, types: Sequence[str] | None = None,
                valid_only: bool | None = None, as_of: str | None = None,
                min_confidence: float | None = None, after: str | None = None,
-               before: str | None = None) -> Call[RecallResults]:
-        """Hybrid search over the scope's memories (and, with `include_events`, its events)."""
+               before: str | None = None,
+               metadata: Mapping[str, Any] | None = None) -> Call[RecallResults]:
+        """Hybrid search over the scope's memories (and, with `include_events`, its events);
+        `metadata`: only rows whose metadata contains it (jsonb @>)."""
         return Call("POST", "/v1/memories/search", model(RecallResults),
                     json=fields(query=query, scope=scope_of(user_id, agent_id), limit=limit,
                                 offset=offset, include_events=include_events,
                                 include_memories=include_memories, session_id=session_id,
                                 types=list(types) if types is not None else None,
                                 valid_only=valid_only, as_of=as_of,
-                                min_confidence=min_confidence, after=after, before=before))
+                                min_confidence=min_confidence, after=after, before=before,
+                                metadata=dict(metadata) if metadata is not None else None))
 
     @endpoint
     def delete_scope(self, *, user_id: str | None = None, agent_id: str | None = None,
+                     session_id: str | None = None,
                      wait: bool | float = False) -> Call[OperationAccepted]:
-        """Delete everything of a scope (memories, sessions, events) in the background."""
+        """Delete everything of a scope (memories, sessions, events) in the background;
+        `session_id` narrows it to what was learnt in that session (it alone is a scope)."""
         timeout = wait_s(wait)
         return Call("POST", "/v1/memories/delete", model(OperationAccepted),
-                    json={"scope": scope_of(user_id, agent_id)},
+                    json={"scope": fields(user_id=user_id, agent_id=agent_id,
+                                          session_id=session_id)},
                     wait=Wait(timeout, operation_ids=lambda r: [str(r.operation_id)],
                               scope=scope_of(user_id, agent_id)) if timeout else None)
 

@@ -52,6 +52,10 @@ class NewMemory:
     observed_at: datetime | None = None
     session_id: str | None = None
     source_events: tuple[tuple[str, str], ...] = ()
+    # The caller's id, which makes a write safe to send again (a second one is a 409), and
+    # the end of its validity, for a memory known to hold only until then.
+    id: uuid.UUID | None = None
+    valid_until: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -93,9 +97,11 @@ async def insert(conn: asyncpg.Connection, *, tenant_id: int, scope: Scope,
         visibility, memory.type, memory.content, memory.confidence, memory.source,
         memory.metadata, list(memory.hints), memory.pinned, memory.observed_at,
         source_events_json(memory.source_events), content_hash(memory.content), embedding,
-        model if embedding is not None else None)
-    assert row is not None
-    await _history(conn, tenant_id, row, "add", author, None, memory.content, {}, reason)
+        model if embedding is not None else None, memory.id, memory.valid_until)
+    if row is None:
+        raise Conflict(f"memory_id: a memory {memory.id} exists already "
+                       "(ids are unique in a tenant)")
+    await write_history(conn, tenant_id, row, "add", author, None, memory.content, {}, reason)
     return row
 
 
@@ -124,7 +130,7 @@ async def embed_later(conn: asyncpg.Connection, tenant_id: int, ids: Sequence[uu
     return op, jobs.refs_to_enqueue(rows)
 
 
-async def _history(conn: asyncpg.Connection, tenant_id: int, row: asyncpg.Record,
+async def write_history(conn: asyncpg.Connection, tenant_id: int, row: asyncpg.Record,
                    operation: str, author: Author, old: str | None, new: str | None,
                    changes: dict[str, Any], reason: str | None) -> None:
     await conn.execute(Q["memories.history_add"], tenant_id, row["id"], row["version"],
@@ -178,7 +184,7 @@ async def update(conn: asyncpg.Connection, *, tenant_id: int, memory_id: uuid.UU
         changed.get("hints"), changed.get("pinned"), changed.get("observed_at"), digest)
     assert new is not None
     shown = {k: _json_safe(v) for k, v in changed.items() if k != "content"}
-    await _history(conn, tenant_id, new, "update", author, row["content"], new["content"],
+    await write_history(conn, tenant_id, new, "update", author, row["content"], new["content"],
                    shown, reason)
     notices = await webhooks.emit(conn, tenant_id, "memory.updated",
                                   webhooks.memory_data(new, changed=sorted(changed)))
@@ -206,7 +212,7 @@ async def invalidate(conn: asyncpg.Connection, *, tenant_id: int, memory_id: uui
     changes = {"valid_until": new["valid_until"].isoformat()}
     if superseded_by:
         changes["superseded_by"] = str(superseded_by)
-    await _history(conn, tenant_id, new, operation, author, row["content"], row["content"],
+    await write_history(conn, tenant_id, new, operation, author, row["content"], row["content"],
                    changes, reason)
     if superseded_by is None:
         # A superseding one is announced by its caller, who holds the new memory too (the

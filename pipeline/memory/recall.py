@@ -59,6 +59,7 @@ class RecallQuery:
     min_confidence: float | None = None
     after: datetime | None = None
     before: datetime | None = None
+    metadata: dict[str, Any] | None = None  # JSON a row's metadata must contain
 
 
 @dataclass
@@ -110,7 +111,8 @@ async def search(pool: asyncpg.Pool, queries: QueryCache, settings: Settings, *,
         params.types, params.valid_only, params.as_of, params.min_confidence, params.after,
         params.before, ALPHA if mode == "hybrid" else 0.0,
         reindex.model_key(settings), mode == "hybrid", query_words(text), PEOPLE_LIFT,
-        SESSION_SHARE, params.limit, params.offset, *query_times(text), TIME_LIFT, MAX_WORDS)
+        SESSION_SHARE, params.limit, params.offset, *query_times(text), TIME_LIFT, MAX_WORDS,
+        params.metadata)
     timings["sql"] = (time.perf_counter() - started) * 1000
     return RecallOutcome([result(r) for r in rows], mode, warnings, timings)
 
@@ -125,8 +127,10 @@ def result(row: asyncpg.Record) -> dict[str, Any]:
                 "confidence": row["confidence"], "observed_at": row["observed_at"],
                 "valid_until": row["valid_until"], "version": row["version"],
                 "pinned": row["pinned"], "created_at": row["memory_created_at"],
-                "source_events": row["source_events"], "scores": scores}
+                "source_events": row["source_events"], "metadata": row["metadata"],
+                "scores": scores}
     return {"kind": "event", "id": row["id"], "score": float(row["score"]),
             "session_id": row["session_id"], "event_id": row["event_id"], "role": row["role"],
             "sender_name": row["sender_name"], "content": row["event_content"],
-            "created_at": row["event_created_at"], "scores": scores}
+            "created_at": row["event_created_at"], "metadata": row["metadata"],
+            "scores": scores}

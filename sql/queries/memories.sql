@@ -1,11 +1,14 @@
 -- Memories (migration 0011). $1 is always the tenant; reads take the reader's user and agent
 -- and pass every row through scope_visible().
 
+-- $18 is the caller's id (NULL: a new one); an id the tenant holds already returns no row.
 -- name: insert
 INSERT INTO memories (tenant_id, user_id, agent_id, session_id, visibility, type, content,
                       confidence, source, metadata, hints, pinned, observed_at, source_events,
-                      content_hash, embedding, embedding_model)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+                      content_hash, embedding, embedding_model, id, valid_until)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+        coalesce($18::uuid, gen_random_uuid()), $19)
+ON CONFLICT (tenant_id, id) DO NOTHING
 RETURNING *;
 
 -- name: history_add
@@ -53,13 +56,15 @@ SELECT version, operation, key_id, agent_id, operation_id, old_content, new_cont
        reason, at
 FROM memory_history WHERE tenant_id = $1 AND memory_id = $2 ORDER BY version;
 
--- A page of the memories a reader sees, newest first, after the cursor (created_at, id).
+-- A page of the memories a reader sees, newest first, after the cursor (created_at, id);
+-- $9, when set, is JSON their metadata must contain (jsonb @>).
 -- name: list
 SELECT m.* FROM memories m
 WHERE m.tenant_id = $1 AND scope_visible(m.visibility, m.user_id, m.agent_id, $2, $3)
   AND ($4::text[] IS NULL OR m.type = ANY ($4))
   AND (NOT $5 OR m.valid_until IS NULL OR m.valid_until > now())
   AND ($6::timestamptz IS NULL OR (m.created_at, m.id) < ($6, $7::uuid))
+  AND ($9::jsonb IS NULL OR m.metadata @> $9)
 ORDER BY m.created_at DESC, m.id DESC
 LIMIT $8;
 

@@ -15,7 +15,8 @@
 -- $7 events?, $8 session filter, $9 types, $10 valid only, $11 as of, $12 min confidence,
 -- $13 after, $14 before, $15 alpha, $16 embedder key, $17 use vectors, $18 the query's words (words_of, with a space
 -- on either side), $19 people lift, $20 session share, $21 limit, $22 offset, $23 months the
--- query names, $24 years it names, $25 time lift, $26 most words weighed.
+-- query names, $24 years it names, $25 time lift, $26 most words weighed, $27 JSON the rows'
+-- metadata must contain (jsonb @>; NULL: any).
 -- name: search
 -- The query's first $26 distinct words: counting a word's rows costs a pass over the reader's
 -- rows, and a long query (a context's default, two turns) would pay for every word of it.
@@ -41,6 +42,7 @@ mem AS MATERIALIZED (
       AND ($12::float8 IS NULL OR m.confidence >= $12)
       AND ($13::timestamptz IS NULL OR coalesce(m.observed_at, m.created_at) >= $13)
       AND ($14::timestamptz IS NULL OR coalesce(m.observed_at, m.created_at) < $14)
+      AND ($27::jsonb IS NULL OR m.metadata @> $27)
 ),
 ev AS MATERIALIZED (
     SELECT 'event'::text AS kind, e.session_id || '/' || e.event_id AS id, NULL::uuid AS mid,
@@ -56,6 +58,7 @@ ev AS MATERIALIZED (
       AND ($11::timestamptz IS NULL OR e.created_at <= $11)
       AND ($13::timestamptz IS NULL OR e.created_at >= $13)
       AND ($14::timestamptz IS NULL OR e.created_at < $14)
+      AND ($27::jsonb IS NULL OR e.metadata @> $27)
 ),
 rows AS (
     SELECT * FROM mem UNION ALL SELECT * FROM ev
@@ -123,7 +126,7 @@ SELECT p.kind, p.id, p.score, p.relevance, p.vector_score, p.fts_score, p.names_
        m.id AS memory_id, m.type, m.content AS memory_content, m.confidence, m.observed_at,
        m.valid_until, m.source_events, m.version, m.user_id AS memory_user,
        m.agent_id AS memory_agent, m.visibility AS memory_visibility, m.pinned,
-       m.created_at AS memory_created_at,
+       m.created_at AS memory_created_at, coalesce(m.metadata, e.metadata) AS metadata,
        e.session_id, e.event_id, e.role, e.sender_name, e.content AS event_content,
        e.created_at AS event_created_at
 FROM page p
