@@ -27,11 +27,14 @@ from api.routes import (
     jobs,
     keys,
     memories,
+    profiles,
     queues,
+    relations,
     search,
     sessions,
     tenants,
     transfer,
+    upkeep,
     usage,
     webhooks,
 )
@@ -117,8 +120,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     errors.install(app)
-    for module in (health, items, jobs, dead_letters, queues, search, memories, sessions,
-                   context, tenants, keys, audit, webhooks, usage, transfer):
+    for module in (health, items, jobs, dead_letters, queues, search, memories, relations,
+                   profiles, sessions, context, tenants, keys, audit, webhooks, usage,
+                   transfer, upkeep):
         app.include_router(module.router)
     app.include_router(pages.router)
     app.include_router(metrics.router)

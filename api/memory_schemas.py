@@ -101,6 +101,11 @@ def _not_blank(value: str) -> str:
 Content = Annotated[SafeStr, Field(min_length=1, max_length=MAX_CONTENT_CHARS),
                     AfterValidator(_not_blank)]
 Visibility = Literal["private", "user", "tenant"]
+Layer = Literal["conversation", "tool", "group", "pinned", "observation", "profile"]
+LAYER_HELP = (
+    "How long the memory lives, by the tenant's policy (GET /v1/memory-policy; defaults: "
+    "conversation 30 days, tool 14, group 60; pinned, observation and profile permanent). "
+    "Default: `pinned` when pinned, `conversation` for that type, else `observation`.")
 Confidence = Annotated[float, Field(ge=0, le=1)]
 Version = json_int(ge=1, le=2**31 - 1)
 
@@ -151,6 +156,7 @@ class MemoryCreate(Strict):
         "memories (the default) leave it out."))
     session_id: SessionIdText | None = None
     source_events: list[EventRef] = Field(default_factory=list, max_length=100)
+    layer: Layer | None = Field(default=None, description=LAYER_HELP)
 
 
 class MemoryPublic(BaseModel):
@@ -176,6 +182,8 @@ class MemoryPublic(BaseModel):
     updated_at: datetime
     access_count: int
     accessed_at: datetime | None
+    layer: str
+    expires_at: datetime | None
     embedded: bool
 
 
@@ -198,6 +206,9 @@ class MemoryUpdate(Strict):
                                                                           max_length=20)
     pinned: StrictBool | None = None
     observed_at: IsoTime | None = None
+    layer: Layer | None = Field(default=None, description=(
+        "A new layer: the expiry moves to its lifetime, counted from when the memory was "
+        "written."))
 
 
 class MemoryInvalidate(Strict):
@@ -277,6 +288,19 @@ class RecallSearch(Strict):
     metadata: Metadata | None = Field(default=None, description=(
         'Only rows whose metadata contains this JSON (`{"project": "apollo"}`: that key with '
         "that value; nested objects and arrays match as Postgres' jsonb @> does)."))
+    include_expired: StrictBool = Field(default=False, description=(
+        "Also memories past their layer's lifetime that the daily prune has not removed yet."))
+    expand: StrictBool = Field(default=False, description=(
+        "Add to each memory found the memories one relation away (at most 5), as `related`."))
+
+
+class RelatedHit(BaseModel):
+    id: UUID
+    kind: Literal["supersedes", "related_to", "derived_from"]
+    direction: Literal["out", "in"] = Field(description=(
+        "`out`: the hit is the relation's subject (it supersedes, is derived from, ...)."))
+    type: str
+    content: str
 
 
 class RecallScores(BaseModel):
@@ -305,6 +329,9 @@ class RecallHit(BaseModel):
     pinned: bool | None = None
     source_events: list[dict[str, str]] | None = None
     metadata: dict[str, Any] | None = None
+    layer: str | None = None
+    source: str | None = None
+    related: list[RelatedHit] | None = None
     scores: RecallScores
 
 
@@ -433,7 +460,9 @@ class ContextSection(BaseModel):
 
 
 class ContextIncluded(BaseModel):
-    kind: Literal["memory", "event", "summary"]
+    kind: Literal["memory", "event", "summary", "profile", "working_memory"] = Field(
+        description="`profile`: a topic of the user's profile (`id` the topic); "
+                    "`working_memory`: the scratchpad (`id` `session` or `user`).")
     id: str
     session_id: str | None = None
     event_id: str | None = None

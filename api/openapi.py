@@ -80,6 +80,13 @@ EXTRA_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/tenants/{tenant_id}/resume"): (409,),
     ("delete", "/v1/tenants/{tenant_id}"): (409,),
     ("post", "/v1/keys/{key_id}/rotate"): (409,),
+    # A stale version; a scratchpad not there to delete.
+    ("put", "/v1/working-memory"): (409,),
+    ("delete", "/v1/working-memory"): (404,),
+    # A run not finished, a dry run, or one undone already.
+    ("post", "/v1/consolidation/runs/{run_id}/undo"): (409,),
+    # Another run of the tenant has not finished.
+    ("post", "/v1/consolidation/runs"): (409,),
 }
 # Health checks answer 503 with the same body as their 200, saying what is missing.
 UNHEALTHY = {

@@ -41,6 +41,8 @@ RULES: tuple[Rule, ...] = (
           "pausing a job kind affects every tenant"),
     _rule(r"^/v1/(keys|webhooks|audit|export|import)(/|$)", "admin",
           "the tenant's keys, webhooks, audit log, export and import are its admins'"),
+    _rule(r"^/v1/memory-policy$", "admin",
+          "the memory policy decides when every memory of the tenant expires"),
 )
 
 READ_ONLY_REFUSAL = "this key is read-only: it can read, but not change anything"

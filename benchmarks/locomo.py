@@ -28,6 +28,13 @@ temporary data directory, or on a running server with `--url` and `--key`:
   memories through their source events), averaged the same way;
 - p50 latency of each kind of request, as the client sees it, one request at a time.
 
+With `--consolidate`, once everything is searchable, one applied (not dry) consolidation run
+is started over each conversation's user scope (`POST /v1/consolidation/runs`, the server's
+default steps: merge, decay and link, and promote where the server has it), followed to its
+end and its counts printed; then the memories it wrote (each finished session's observation)
+are waited for until embedded, and only then are the questions asked. The goal: evidence
+recall and context recall no worse than without.
+
 Evidence ids are read as the data writes them, a few malformed ones repaired ("D:11:26",
 several ids in one string); ids that name no turn of the conversation are dropped, and a
 question left with none (two in the development half) is not asked.
@@ -37,7 +44,7 @@ time; ../shared/data/locomo/README.md): RRF of BM25 and all-MiniLM-L6-v2, Recall
 Recall@10 0.566. Goal: Recall@10 >= 0.70, Recall@5 >= 0.60, context recall >= 0.85.
 
     .venv/bin/python benchmarks/locomo.py [--limit-conversations N] [--limit-questions N]
-        [--port PORT | --url URL --key KEY] [--data PATH] [--events-only]
+        [--port PORT | --url URL --key KEY] [--data PATH] [--events-only] [--consolidate]
 """
 
 from __future__ import annotations
@@ -217,6 +224,88 @@ def wait_indexed(http: httpx.Client, conversations: Sequence[Conversation],
 # ------------------------------------------------------------------------------------------------
 
 
+FINISHED_RUN = ("done", "failed", "cancelled")
+
+
+def consolidate(http: httpx.Client, conversations: Sequence[Conversation],
+                timeout_s: float = 1800) -> list[dict[str, Any]]:
+    """One applied consolidation run (the default steps) per conversation's scope, each
+    followed to its end, one after the other; the finished runs."""
+    done = []
+    for conversation in conversations:
+        answer = http.post("/v1/consolidation/runs", params={"wait": 60},
+                           json={"scope": conversation.scope, "dry_run": False})
+        if answer.status_code != 202:
+            raise RuntimeError(f"consolidating {conversation.sample_id}: {answer.status_code}"
+                               f" {answer.text[:500]}")
+        done.append(finish_run(http, answer.json()["run"], timeout_s))
+    return done
+
+
+def finish_run(http: httpx.Client, run: dict[str, Any], timeout_s: float = 1800) -> dict[str, Any]:
+    """The consolidation run once it is done (waiting on it as an operation); one that failed
+    or was cancelled raises."""
+    deadline = time.monotonic() + timeout_s
+    while run["status"] not in FINISHED_RUN:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"run {run['id']} still {run['status']} after {timeout_s:.0f}s")
+        http.get(f"/v1/operations/{run['id']}", params={"wait": 30})
+        got = http.get(f"/v1/consolidation/runs/{run['id']}")
+        got.raise_for_status()
+        run = got.json()
+    if run["status"] != "done":
+        raise RuntimeError(f"consolidation run {run['id']} {run['status']}: {run.get('error')}")
+    return run
+
+
+def wait_memories_embedded(http: httpx.Client, conversations: Sequence[Conversation],
+                           timeout_s: float = 1800) -> int:
+    """Until every valid memory of each conversation's scope says `embedded` (the ledger
+    being idle should mean so; this checks it); returns how many memories there are."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        total = pending = 0
+        for conversation in conversations:
+            cursor = None
+            while True:
+                answer = http.get("/v1/memories", params={
+                    **conversation.scope, "limit": 500, **({"cursor": cursor} if cursor else {})})
+                answer.raise_for_status()
+                page = answer.json()
+                total += len(page["data"])
+                pending += sum(not m["embedded"] for m in page["data"])
+                cursor = page["next_cursor"]
+                if cursor is None:
+                    break
+        if pending == 0:
+            return total
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{pending} memories not embedded after {timeout_s:.0f}s")
+        time.sleep(2)
+
+
+def report_consolidation(runs: Sequence[dict[str, Any]], seconds: float, memories: int) -> None:
+    """Each step's counts, summed over the runs, and the changes by step and action."""
+    counts: dict[str, dict[str, float]] = {}
+    changes: dict[str, dict[str, int]] = {}
+    for run in runs:
+        for step, figures in run["counts"].items():
+            for name, value in figures.items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    counts.setdefault(step, {})[name] = counts.get(step, {}).get(name, 0) + value
+        for step, actions in run["changes"].items():
+            for action, n in actions.items():
+                changes.setdefault(step, {})[action] = changes.get(step, {}).get(action, 0) + n
+    steps = list(dict.fromkeys(s for run in runs for s in run["steps"]))
+    print(f"consolidated {len(runs)} scopes (steps {', '.join(steps)}) in {seconds:.1f}s (the"
+          f" runs and the embedding of what they wrote); {memories} valid memories in those"
+          " scopes now", flush=True)
+    for step in [*steps, *(s for s in counts if s not in steps)]:
+        figures = ", ".join(f"{k} {v:g}" for k, v in counts.get(step, {}).items()) or "none"
+        acted = ", ".join(f"{k} {v}" for k, v in changes.get(step, {}).items()) or "none"
+        print(f"  {step}: {figures}; changes: {acted}", flush=True)
+
+
 def turns_of(entries: Iterable[Mapping[str, Any]]) -> list[set[str]]:
     """Each search result or included entry as the turns it stands for: an event its own id,
     a memory the events it was drawn from, anything else none."""
@@ -298,10 +387,10 @@ def p50(values: Sequence[float]) -> str:
 
 
 def report(run: Run, conversations: Sequence[Conversation], events: int, duplicates: int,
-           store_s: float, index_s: float) -> None:
+           store_s: float, index_s: float, consolidated: bool = False) -> None:
     print()
     print(f"LoCoMo: {len(conversations)} conversations, {events} events written"
-          f" ({duplicates} duplicates)")
+          f" ({duplicates} duplicates)" + (", asked after consolidation" if consolidated else ""))
     print()
     print("| category | questions | Recall@5 | Recall@10 | context recall@1000 |")
     print("| --- | ---: | ---: | ---: | ---: |")
@@ -338,7 +427,7 @@ def report(run: Run, conversations: Sequence[Conversation], events: int, duplica
 
 
 def bench(url: str, key: str, conversations: Sequence[Conversation], limit_questions: int | None,
-          events_only: bool) -> list[str]:
+          events_only: bool, consolidated: bool = False) -> list[str]:
     """Store, wait, ask; prints the report and returns the requests that failed."""
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"},
                       timeout=120) as http:
@@ -354,6 +443,12 @@ def bench(url: str, key: str, conversations: Sequence[Conversation], limit_quest
         wait_indexed(http, conversations)
         index_s = time.perf_counter() - start
         print(f"searchable {index_s:.1f}s later", flush=True)
+        if consolidated:
+            start = time.perf_counter()
+            runs = consolidate(http, conversations)
+            wait_indexed(http, conversations)
+            memories = wait_memories_embedded(http, conversations)
+            report_consolidation(runs, time.perf_counter() - start, memories)
 
         run = Run()
         asked = in_a_row = 0
@@ -373,7 +468,7 @@ def bench(url: str, key: str, conversations: Sequence[Conversation], limit_quest
                                            f"{run.failures[-1]}") from failure
                 asked += 1
             print(f"  {conversation.sample_id}: {asked} questions asked so far", flush=True)
-    report(run, conversations, events, duplicates, store_s, index_s)
+    report(run, conversations, events, duplicates, store_s, index_s, consolidated)
     return run.failures
 
 
@@ -390,6 +485,9 @@ def main() -> None:
     parser.add_argument("--key", help="API key for --url")
     parser.add_argument("--events-only", action="store_true",
                         help="search events only (include_memories false); context is unchanged")
+    parser.add_argument("--consolidate", action="store_true",
+                        help="run one applied consolidation (the default steps) over each"
+                             " conversation's scope before the questions")
     args = parser.parse_args()
     if bool(args.url) != bool(args.key):
         parser.error("--url and --key go together")
@@ -405,7 +503,7 @@ def main() -> None:
     failures: list[str] = []
     if args.url:
         failures = bench(args.url.rstrip("/"), args.key, conversations, args.limit_questions,
-                         args.events_only)
+                         args.events_only, args.consolidate)
         sys.exit(1 if failures else 0)
     port = args.port or free_port()
     with tempfile.TemporaryDirectory(prefix="memmill-locomo-") as tmp:
@@ -414,7 +512,8 @@ def main() -> None:
         try:
             url = f"http://127.0.0.1:{port}"
             key = wait_for_api(url, data_dir)
-            failures = bench(url, key, conversations, args.limit_questions, args.events_only)
+            failures = bench(url, key, conversations, args.limit_questions, args.events_only,
+                             args.consolidate)
         except BaseException:
             failures = ["the run stopped"]
             raise

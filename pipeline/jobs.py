@@ -38,8 +38,15 @@ EMBED_MEMORY = "embed_memory"
 FORGET = "forget"
 ERASE_TENANT = "erase_tenant"
 WEBHOOK = "webhook"
+# A memory upkeep run's steps (pipeline/memory/upkeep/), one job each, in this order.
+PRUNE_MEMORIES = "prune_memories"
+PROMOTE_MEMORIES = "promote_memories"
+MERGE_MEMORIES = "merge_memories"
+DECAY_MEMORIES = "decay_memories"
+LINK_MEMORIES = "link_memories"
+UPKEEP_KINDS = (PRUNE_MEMORIES, PROMOTE_MEMORIES, MERGE_MEMORIES, DECAY_MEMORIES, LINK_MEMORIES)
 KINDS = (REGULARIZE, OCR, ANALYZE, SUMMARIZE, EMBED, EXTRACT, REINDEX, EMBED_MEMORY, FORGET,
-         ERASE_TENANT, WEBHOOK)
+         ERASE_TENANT, WEBHOOK, *UPKEEP_KINDS)
 
 # Ledger statuses, in the order a job moves through them.
 WAITING, QUEUED, RUNNING, DONE, DEAD, CANCELLED = (
@@ -70,6 +77,12 @@ STAGE_HEAD_START_S = {
     ERASE_TENANT: 0.0,
     # A delivery is small and someone waits for it: ahead of any backlog, like the last stage.
     WEBHOOK: 7200.0,
+    # Background upkeep: behind whatever a caller waits for.
+    PRUNE_MEMORIES: 0.0,
+    PROMOTE_MEMORIES: 0.0,
+    MERGE_MEMORIES: 0.0,
+    DECAY_MEMORIES: 0.0,
+    LINK_MEMORIES: 0.0,
 }
 
 

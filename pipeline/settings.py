@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 JOB_KINDS = (
     "regularize", "ocr", "analyze", "summarize", "embed", "extract", "reindex",
     "embed_memory", "forget", "erase_tenant", "webhook",
+    "prune_memories", "promote_memories", "merge_memories", "decay_memories", "link_memories",
 )
 
 
@@ -241,6 +242,38 @@ class Settings(BaseSettings):
     # From this similarity on, a proposal is about the same thing as a memory, and the decider
     # chooses between UPDATE, SUPERSEDE and ADD.
     related_similarity: float = Field(default=0.75, gt=0, le=1)
+
+    # Memory upkeep (pipeline/memory/upkeep/): the defaults of every tenant's memory policy,
+    # which a tenant's admin may override (PUT /v1/memory-policy). Lifetimes are in days per
+    # layer; none is permanent.
+    memory_lifetime_days: dict[str, float | None] = Field(default_factory=lambda: {
+        "conversation": 30.0, "tool": 14.0, "group": 60.0,
+        "pinned": None, "observation": None, "profile": None})
+    # Past this many memories, the prune removes the impermanent ones of least value.
+    memory_cap: int = Field(default=50_000, gt=0)
+    # When consolidation runs, in cron syntax (UTC); the prune runs daily whatever this says.
+    memory_schedule: str = "0 3 * * *"
+    # Two memories of one scope at least this similar (cosine) are one: the newer is kept.
+    memory_merge_similarity: float = Field(default=0.92, gt=0, le=1)
+    # From this similarity (below the merge's) two memories are linked `related_to`.
+    memory_link_similarity: float = Field(default=0.85, gt=0, le=1)
+    # At most this many `related_to` links a consolidation gives one memory.
+    memory_links_per_memory: int = Field(default=5, ge=0, le=50)
+    # A memory unused this long loses this share of its confidence per run, down to the
+    # floor; one still unused at the floor is invalidated. One used this many times since the
+    # last run gains the step.
+    memory_decay_idle_days: float = Field(default=30.0, gt=0)
+    memory_decay_rate: float = Field(default=0.1, gt=0, lt=1)
+    memory_confidence_floor: float = Field(default=0.2, ge=0, lt=1)
+    memory_reinforce_uses: int = Field(default=3, ge=1)
+    memory_reinforce_step: float = Field(default=0.05, gt=0, le=1)
+    # Extraction's proposals under this confidence wait in the inbox instead of becoming
+    # memories; each time one is heard again its attention rises by the boost. Consolidation
+    # promotes those at the promotion attention and drops those that waited the days.
+    memory_inbox_below: float = Field(default=0.5, ge=0, le=1)
+    memory_inbox_boost: float = Field(default=0.2, gt=0, le=1)
+    memory_inbox_promote: float = Field(default=0.6, gt=0, le=1)
+    memory_inbox_days: float = Field(default=7.0, gt=0)
 
     @field_validator("job_overrides")
     @classmethod

@@ -6,7 +6,8 @@
   flushed, or the enqueue after commit failed). A job still in Redis is not duplicated: the
   queue refuses a second job with the same id, and the ledger claim skips a job already taken;
 - a reindex whose every part has its new vector is finished (see `pipeline.reindex`);
-- tenants whose parts changed get their word statistics recounted (see `pipeline.text_stats`).
+- tenants whose parts changed get their word statistics recounted (see `pipeline.text_stats`);
+- tenants whose memory upkeep is due get their runs (see `pipeline.memory.upkeep.schedule`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pipeline import aggregates, jobs, reindex, text_stats
 from pipeline.db import Q
 from pipeline.fairness import FairQueueing
 from pipeline.jobs import Enqueuer, JobRef
+from pipeline.memory.upkeep import schedule
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,7 @@ async def sweep_once(
     # Keeps the dashboard's and /metrics' counts current even while no page is open.
     await aggregates.fold(pool)
     await text_stats.refresh_stale(pool, interval_s=settings.text_stats_interval_s)
+    await schedule.start_due(pool, queue, settings)
     if expired:
         log.warning("sweeper reclaimed %d jobs whose lease expired", len(expired))
     if sent:

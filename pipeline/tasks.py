@@ -383,3 +383,8 @@ TASKS.update(memory_tasks.TASKS)
 from pipeline import erasure  # noqa: E402
 
 TASKS[jobs.ERASE_TENANT] = erasure.erase_tenant
+
+# Memory upkeep's steps (pipeline/memory/upkeep/steps.py).
+from pipeline.memory.upkeep import steps as upkeep_steps  # noqa: E402
+
+TASKS.update(upkeep_steps.TASKS)

@@ -67,7 +67,7 @@ SECRET_PREFIX = "whsec_"
 SNIPPET_CHARS = 200
 USER_AGENT = "memmill-webhooks/0.1"
 # The kinds of job an operation (pipeline/memory/operations.py) is carried out by.
-OPERATION_KINDS = frozenset({jobs.EMBED_MEMORY, jobs.EXTRACT, jobs.FORGET})
+OPERATION_KINDS = frozenset({jobs.EMBED_MEMORY, jobs.EXTRACT, jobs.FORGET, *jobs.UPKEEP_KINDS})
 # A receiver asking to be left alone longer than this is asked again after this long.
 MAX_RETRY_AFTER_S = 3600.0
 

@@ -516,7 +516,10 @@ def leaves(schema: dict[str, Any], doc: dict[str, Any], where: tuple[str | int, 
                 found += leaves(field, doc, (*where, name), depth + 1)
             extra = option.get("additionalProperties")
             if isinstance(extra, dict):
-                found.append((where, "key", extra))
+                # Keys from a fixed set (a dict keyed by a Literal) are refused as not one of
+                # them, which is the clear error for any stray key, NUL or not.
+                fixed = "propertyNames" in option
+                found.append((where, "listed key" if fixed else "key", extra))
                 found += leaves(extra, doc, (*where, "k"), depth + 1)
             if extra is False:
                 found.append((where, "field name", option))
@@ -604,9 +607,9 @@ def body_probes(doc: dict[str, Any]) -> list[Probe]:
                         plain = not ({"enum", "format", "pattern"} & set(leaf))
                         words = (BAD_TEXT_WORDS[name],) if plain else ()
                         bad = put(base, where, text)
-                    elif what == "key":
-                        words, bad = ("[key]", BAD_TEXT_WORDS[name]), put(
-                            base, where, {text: sample(leaf, doc)})
+                    elif what in ("key", "listed key"):
+                        words = ("[key]", BAD_TEXT_WORDS[name]) if what == "key" else ("[key]",)
+                        bad = put(base, where, {text: sample(leaf, doc)})
                     else:
                         words = ("unknown field",)
                         bad = put(put(base, where, sample(leaf, doc)), (*where, text), "x")

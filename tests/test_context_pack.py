@@ -113,11 +113,15 @@ def test_sections_come_in_a_stable_order_with_short_headers() -> None:
     pinned = [MemoryLine("p1", "preference", "Prefers short answers.", None, (), True)]
     packed = pack(pinned=pinned, memories=[memory(1)], summary="They talked about hiking.",
                   relevant_turns=[turn(1)], recent_turns=[turn(9, session="s1")],
-                  session_id="s1")
+                  session_id="s1", profile=[("rust", "- rust: beginner (new to it)")],
+                  working_memory=("session", "Step 2: compare flights"))
     assert [s.name for s in packed.sections] == list(SECTION_ORDER)
     positions = [packed.context.index(HEADERS[name]) for name in SECTION_ORDER]
     assert positions == sorted(positions)
-    assert packed.context.startswith("## Pinned\n- (preference) Prefers short answers.\n\n")
+    assert packed.context.startswith("## About the user\n- rust: beginner (new to it)\n\n"
+                                     "## Working memory\nStep 2: compare flights\n\n"
+                                     "## Pinned\n- (preference) Prefers short answers.\n\n")
+
     assert sum(s.tokens for s in packed.sections) == count_tokens(packed.context)
     assert not packed.truncated
     assert {"kind": "summary", "id": "s1"} in packed.included
@@ -259,3 +263,16 @@ def test_random_inputs_never_exceed_the_budget() -> None:
             assert {m.id for m in memories} <= set(ids(packed, "memory"))
             assert {f"s0/{t.event_id}" for t in relevant} <= set(ids(packed, "event"))
             assert (summary is None) or ("summary", "s0") in keys
+
+
+def test_observations_take_only_what_the_budget_leaves() -> None:
+    observation = MemoryLine("o1", "conversation", "Session s1 (2024-05-01)\n- " + "word " * 40,
+                             None, (("s1", "e1"),))
+    roomy = pack(pinned=[], memories=[memory(1)], summary=None, relevant_turns=[turn(1)],
+                 recent_turns=[], observations=[observation], max_tokens=1000)
+    shown = [i["id"] for i in roomy.included]
+    assert shown.index("o1") == shown.index("m1") + 1  # with the memories, after them
+    tight = pack(pinned=[], memories=[memory(1)], summary=None, relevant_turns=[turn(1)],
+                 recent_turns=[], observations=[observation], max_tokens=60)
+    assert "o1" not in [i["id"] for i in tight.included]
+    assert {i["id"] for i in tight.included} == {"m1", "s0/e1"} and tight.truncated

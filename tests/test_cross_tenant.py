@@ -60,32 +60,40 @@ PATH_IDS = {
     "operation_id": "operation", "webhook_id": "webhook", "delivery_id": "delivery",
     "key_id": "key", "tenant_id": "tenant",
     "kind": "job_kind",  # not an object: a job kind, on the operator's pause and resume
+    "run_id": "run", "to_id": "related_memory", "user_id": "user", "topic": "topic",
 }
 # Where one operation needs another object of the same kind than the table's.
-PATH_IDS_BY_OPERATION = {("POST /v1/jobs/{job_id}/cancel", "job_id"): "queued_job"}
+PATH_IDS_BY_OPERATION = {
+    ("POST /v1/jobs/{job_id}/cancel", "job_id"): "queued_job",
+    ("DELETE /v1/memories/{memory_id}/relations/{kind}/{to_id}", "kind"): "relation_kind"}
 # Query parameters ending in `id`, and id fields of JSON bodies -> the kind of A's id.
-QUERY_IDS = {"item_id": "item", "user_id": "user", "agent_id": "agent", "tenant_id": "tenant"}
+QUERY_IDS = {"item_id": "item", "user_id": "user", "agent_id": "agent", "tenant_id": "tenant",
+             "session_id": "session"}
 BODY_IDS = {
     "item_id": "item", "item_ids": "item", "media_item_id": "item", "user_id": "user",
     "agent_id": "agent", "sender_id": "user", "session_id": "session", "event_id": "event",
     "trace_id": "trace", "span_id": "span", "parent_span_id": "span", "tenant_id": "tenant",
     "memory_id": "memory", "webhook_id": "webhook", "key_id": "key", "job_id": "dead_job",
     "operation_id": "operation", "delivery_id": "delivery", "dead_letter_id": "dead_letter",
+    "to_id": "related_memory",
     # A bare `id`/`ids` names an item: only the item routes name objects so.
     "id": "item", "ids": "item",
 }
 BARE_ID_OPERATIONS = {"POST /v1/items", "POST /v1/items/batch", "POST /v1/items/lookup"}
 # The path names B's own namespace (sessions are per tenant): B writing to A's session id
 # makes B's own session, with this status.
-OWN_NAMESPACE = {"POST /v1/sessions/{session_id}/events": 202}
+OWN_NAMESPACE = {"POST /v1/sessions/{session_id}/events": 202,
+                 "PUT /v1/profiles/{user_id}/topics/{topic}": 200}
 # What B's writes that name A's ids in their bodies answer: made in B's own namespace, or
 # refused (POST /v1/keys names A's tenant; tenants are an operator's). Others: below 500.
 WRITES = {"POST /v1/items": 202, "POST /v1/items/batch": 202, "POST /v1/items/upload": 202,
           "POST /v1/dead-letters/replay": 200, "POST /v1/memories": 201,
           "POST /v1/memories/delete": 202, "POST /v1/memory-types": 201, "POST /v1/keys": 404,
-          "POST /v1/tenants": 403, "POST /v1/webhooks": 201, "POST /v1/import": 202}
+          "POST /v1/tenants": 403, "POST /v1/webhooks": 201, "POST /v1/import": 202,
+          "POST /v1/consolidation/runs": 202}
 # For the probe where the parent is B's own and the child A's: B's ids of the parent kinds.
-B_PARENTS = {"webhook_id": "webhook"}
+B_PARENTS = {"webhook_id": "webhook", "memory_id": "memory", "kind": "relation_kind",
+             "user_id": "user"}
 # Tables of maintained counts, which a fold may rewrite whoever asks: not A's objects.
 AGGREGATES = {"job_counts", "job_count_deltas", "job_stats", "job_stat_deltas", "text_stats",
               "lexeme_stats", "tag_stats", "tenant_usage", "tenant_usage_deltas",
@@ -259,6 +267,9 @@ async def build_tenant_a(a: httpx.AsyncClient, receiver: Receiver, settings: Set
             "metadata": {"note": MARKER}, **extra})
         memories.setdefault(visibility, made["memory"]["id"])
     ids["memory"] = memories["user"]
+    ids["related_memory"], ids["relation_kind"] = memories["tenant"], "related_to"
+    await ok(a, "POST", f"/v1/memories/{ids['memory']}/relations", 201, json={
+        "scope": scope, "kind": "related_to", "to_id": ids["related_memory"]})
     await ok(a, "POST", f"/v1/sessions/{A_SESSION}/events", 202, json={"scope": scope, "events": [
         {"event_id": A_EVENT, "role": "user", "sender_name": f"Ana {MARKER}", "trace_id": A_TRACE,
          "span_id": A_SPAN, "content": f"{MARKER} I love beaches and hiking in the Alps.",
@@ -273,6 +284,17 @@ async def build_tenant_a(a: httpx.AsyncClient, receiver: Receiver, settings: Set
     key = await ok(a, "POST", "/v1/keys", 201, json={"name": f"a-{RUN}-svc", "role": "write",
                                                      "user_id": A_USER})
     ids["key"], ids["extra_key"] = key["key_info"]["id"], key["key"]
+    await drain(settings, pool)
+    await ok(a, "POST", f"/v1/memories/{ids['memory']}/references", 201, json={
+        "scope": scope, "item_id": A_ITEM})
+    ids["topic"] = f"a-{RUN}-topic"
+    await ok(a, "PUT", f"/v1/profiles/{A_USER}/topics/{ids['topic']}", json={
+        "level": "expert", "summary": f"{MARKER} Ana knows sourdough"})
+    await ok(a, "PUT", "/v1/working-memory", json={
+        "scope": scope, "session_id": A_SESSION, "content": f"{MARKER} A's plan",
+        "expected_version": 0})
+    run = await ok(a, "POST", "/v1/consolidation/runs", 202, json={"steps": ["decay", "link"]})
+    ids["run"] = run["run_id"]
     await drain(settings, pool)
 
     # A sees its own work: otherwise B's 404s would prove nothing.
@@ -548,7 +570,12 @@ async def test_tenant_b_learns_nothing_of_tenant_a_on_any_route(
         ids["tenant"] = a_id
         b_hook = await ok(b, "POST", "/v1/webhooks", 201, json={
             "url": receiver.url(f"/b-{RUN}"), "events": ["item.ready"]})
-        b_ids = {"webhook": b_hook["id"], "hook_url": receiver.url(f"/b-{RUN}")}
+        b_memory = await ok(b, "POST", "/v1/memories", 201, json={
+            "scope": {"user_id": f"b-{RUN}-user"}, "type": "fact",
+            "content": f"{B_MARKER} B's own memory."})
+        b_ids = {"webhook": b_hook["id"], "hook_url": receiver.url(f"/b-{RUN}"),
+                 "memory": b_memory["memory"]["id"], "relation_kind": "related_to",
+                 "user": f"b-{RUN}-user"}
         b_read = (await ok(b, "POST", "/v1/keys", 201, json={"role": "read"}))["key"]
         secrets = Secrets(MARKER, {f"a-{RUN}-corp", a_key, ids["extra_key"],
                                    ids["webhook_secret"]}, {a_id})
@@ -597,7 +624,9 @@ async def a_succeeds_where_b_got_404(a: httpx.AsyncClient, attacker: Attacker,
     rank = ("GET", "PATCH", "PUT", "POST", "DELETE")
     owner = Attacker(a, Secrets(B_MARKER))
     seen_by_a = 0
-    for probe in sorted(chosen.values(), key=lambda p: rank.index(p.method)):
+    # Deeper paths first: a memory's relations are removed before the memory.
+    for probe in sorted(chosen.values(),
+                        key=lambda p: (rank.index(p.method), -p.template.count("/"))):
         probe.expect = {200, 201, 202, 204}
         if probe.json is not None:  # what A writes is A's text
             probe.json = json.loads(json.dumps(probe.json).replace(B_MARKER, MARKER))
@@ -617,8 +646,10 @@ def test_every_operation_has_a_probe() -> None:
     doc = create_app(Settings()).openapi()
     ids: dict[str, Any] = {k: f"x-{k}" for k in set(PATH_IDS.values()) | set(
         QUERY_IDS.values()) | set(BODY_IDS.values()) | {"queued_job", "memory_type"}}
-    ids |= {"tenant": 7, "key": 8, "dead_letter": 9, "export": "", "memory_version": 1}
-    probes = probes_of(doc, ids, {"webhook": "w", "hook_url": "http://127.0.0.1:1/"})
+    ids |= {"tenant": 7, "key": 8, "dead_letter": 9, "export": "", "memory_version": 1,
+            "relation_kind": "related_to"}
+    probes = probes_of(doc, ids, {"webhook": "w", "hook_url": "http://127.0.0.1:1/",
+                                  "memory": "m", "relation_kind": "related_to", "user": "u"})
     operations = {p.operation for p in probes}
     assert set(BODIES) | set(WRITES) <= operations, (set(BODIES) | set(WRITES)) - operations
     for path, item in doc["paths"].items():  # the id fields of explicit bodies too

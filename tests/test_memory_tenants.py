@@ -106,6 +106,9 @@ async def write_tenant_a(a: Caller, settings: Settings, pool: asyncpg.Pool) -> d
         assert r.status_code == 201, r.text
         memories[visibility + str(len(memories))] = r.json()["memory"]["id"]
         ops.append(r.json()["operation_id"])
+    r = await a("POST", "/v1/memories/{m}/relations", m=memories["user0"], json={
+        "scope": SCOPE, "kind": "related_to", "to_id": memories["tenant2"]})
+    assert r.status_code == 201, r.text
     r = await a("POST", "/v1/sessions/{s}/events", s=SESSION, json={"scope": SCOPE, "events": [
         {"event_id": "e1", "role": "user", "sender_name": "Ana", "trace_id": TRACE,
          "span_id": "root", "content": f"I love {SECRET} beaches and hiking in the Alps.",
@@ -176,6 +179,22 @@ async def b_reads_and_changes(b: Caller, written: dict[str, Any]) -> None:
         assert r.status_code == 404, r.text
         r = await b("POST", "/v1/memories/{m}/invalidate", m=memory_id, json={
             "scope": SCOPE, "reason": "B says so"})
+        assert r.status_code == 404, r.text
+        others = [m for m in written["memories"].values() if m != memory_id]
+        r = await b("GET", "/v1/memories/{m}/related", m=memory_id,
+                    params={**SCOPE, "depth": 5})
+        assert r.status_code == 404, r.text
+        r = await b("POST", "/v1/memories/{m}/relations", m=memory_id, json={
+            "scope": SCOPE, "kind": "related_to", "to_id": others[0]})
+        assert r.status_code == 404, r.text
+        r = await b("DELETE", "/v1/memories/{m}/relations/{kind}/{to_id}", m=memory_id,
+                    kind="related_to", to_id=others[0], params=SCOPE)
+        assert r.status_code == 404, r.text
+        r = await b("POST", "/v1/memories/{m}/references", m=memory_id, json={
+            "scope": SCOPE, "item_id": "doc-1"})
+        assert r.status_code == 404, r.text
+        r = await b("DELETE", "/v1/memories/{m}/references/{item_id}", m=memory_id,
+                    item_id="doc-1", params=SCOPE)
         assert r.status_code == 404, r.text
     for op in written["operations"]:
         for params in (SCOPE, {}, {"wait": 0.05}):

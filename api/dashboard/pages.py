@@ -27,6 +27,7 @@ from api.routes.jobs import attempt_fields
 from pipeline import actions, aggregates, dead_letter_search, job_search, jobs
 from pipeline.db import Q
 from pipeline.errors import BadInput, Forbidden, NotFound, Unauthorized
+from pipeline.memory.upkeep import runs
 from pipeline.providers import usage
 from pipeline.settings import Settings
 
@@ -423,3 +424,34 @@ async def audit_page(request: Request, viewer: ViewerDep) -> HTMLResponse:
     entries = await request.app.state.pool.fetch(Q["dashboard.audit_list"], viewer.view_tenant,
                                                  200)
     return _page(request, "audit.html", viewer, section="Actions", entries=entries)
+
+
+# --- memory upkeep ------------------------------------------------------------------------
+
+CHANGES_SHOWN = 500
+
+
+@router.get("/memory-runs", response_class=HTMLResponse)
+async def memory_runs_page(request: Request, viewer: ViewerDep) -> HTMLResponse:
+    """Consolidation and prune runs with each step's counts, newest first."""
+    rows = await request.app.state.pool.fetch(Q["upkeep.dashboard_runs"], viewer.view_tenant,
+                                              200)
+    listed = [{**runs.describe(r), "tenant_name": r["tenant_name"]} for r in rows]
+    return _page(request, "memory_runs.html", viewer, section="Memory", runs=listed)
+
+
+@router.get("/memory-runs/{run_id}", response_class=HTMLResponse)
+async def memory_run_page(request: Request, run_id: uuid.UUID, viewer: ViewerDep) -> HTMLResponse:
+    """One run: its counts, its undo, and the changes it recorded (the first 500)."""
+    pool = request.app.state.pool
+    tenant_id = await pool.fetchval(Q["upkeep.dashboard_run_tenant"], run_id, viewer.view_tenant)
+    if tenant_id is None:
+        raise NotFound(f"no upkeep run {run_id}")
+    run = await runs.get(pool, tenant_id, run_id)
+    changes = await pool.fetch(Q["upkeep.changes_page"], tenant_id, run_id, None, 0,
+                               CHANGES_SHOWN)
+    total = sum(n for by_action in run["changes"].values() for n in by_action.values())
+    return _page(request, "memory_run.html", viewer, section="Memory",
+                 title=f"Upkeep run {str(run_id)[:8]}", run=run, changes=changes,
+                 shown=len(changes), total=total,
+                 tenant_name=await _tenant_name(request, tenant_id))

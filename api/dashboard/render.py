@@ -17,7 +17,7 @@ NAV = (
     ("/dashboard", "Overview"), ("/dashboard/jobs", "Jobs"),
     ("/dashboard/dead-letters", "Dead letters"), ("/dashboard/workers", "Workers"),
     ("/dashboard/queues", "Queues"), ("/dashboard/providers", "Providers"),
-    ("/dashboard/audit", "Actions"),
+    ("/dashboard/memory-runs", "Memory"), ("/dashboard/audit", "Actions"),
 )
 
 

@@ -23,6 +23,7 @@ from api.deps import (
 from api.memory_schemas import (
     MAX_METADATA_BYTES,
     HistoryEntry,
+    Layer,
     MemoriesPage,
     MemoryCreate,
     MemoryHistory,
@@ -47,7 +48,7 @@ from pipeline import jobs, quotas
 from pipeline.db import Q
 from pipeline.errors import BadInput, NotFound
 from pipeline.jobs import JobSpec
-from pipeline.memory import memories, operations, recall
+from pipeline.memory import memories, operations, recall, relations
 from pipeline.memory.memories import Author, Change, NewMemory
 from pipeline.memory.scopes import Scope
 from pipeline.tenants import Principal
@@ -102,7 +103,7 @@ async def add_memory(body: MemoryCreate, principal: CurrentPrincipal, pool: Pool
         metadata=body.metadata, hints=tuple(body.hints), pinned=body.pinned,
         observed_at=body.observed_at, session_id=body.session_id,
         source_events=tuple((r.session_id, r.event_id) for r in body.source_events),
-        id=body.memory_id, valid_until=body.valid_until)
+        id=body.memory_id, valid_until=body.valid_until, layer=body.layer)
     await quotas.check(pool, principal.tenant_id, memories=1, bytes=len(new.content.encode()),
                        jobs=1, settings=settings)
     async with pool.acquire() as conn, conn.transaction():
@@ -126,17 +127,22 @@ async def search_memories(body: RecallSearch, principal: CurrentPrincipal, pool:
         memories=body.include_memories, events=body.include_events, session_id=body.session_id,
         types=body.types, valid_only=body.valid_only, as_of=body.as_of,
         min_confidence=body.min_confidence, after=body.after, before=body.before,
-        metadata=body.metadata)
+        metadata=body.metadata, include_expired=body.include_expired)
     outcome = await recall.search(search_pool, queries, settings,
                                   tenant_id=principal.tenant_id, params=params)
     hit = [uuid.UUID(r["id"]) for r in outcome.results if r["kind"] == "memory"]
+    if body.expand:
+        around = await relations.neighbours(search_pool, principal.tenant_id, params.reader, hit)
+        for r in outcome.results:
+            if r["kind"] == "memory":
+                r["related"] = around[uuid.UUID(r["id"])]
     if hit:  # the access counts are written after the response is sent
         background.add_task(pool.execute, Q["memories.touch"], principal.tenant_id, hit)
     return RecallResults(results=outcome.results, mode=outcome.mode, warnings=outcome.warnings,
                          timings_ms=outcome.timings_ms)
 
 
-def _cursor(row: Any) -> str:
+def cursor_of(row: Any) -> str:
     text = f"{row['created_at'].isoformat()}|{row['id']}"
     return base64.urlsafe_b64encode(text.encode()).decode()
 
@@ -154,7 +160,7 @@ def cursor_time(text: str) -> datetime:
     return at
 
 
-def _read_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+def read_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
     try:
         at, _, ident = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
         return cursor_time(at), uuid.UUID(ident)
@@ -173,18 +179,23 @@ async def list_memories(
     metadata: Annotated[SafeStr | None, Query(max_length=MAX_METADATA_BYTES, description=(
         'Only memories whose metadata contains this JSON object (`{"project": "apollo"}`), '
         "as Postgres' jsonb @> does."))] = None,
+    include_expired: Annotated[bool, Query(description=(
+        "Also memories past their layer's lifetime that the prune has not removed yet."))] = False,
+    layer: Annotated[list[Layer], Query(max_length=6, description=(
+        "Only these layers (repeat the parameter for several)."))] = [],  # noqa: B006
 ) -> MemoriesPage:
     """The memories the scope may read, newest first, a page at a time."""
-    after = _read_cursor(cursor) if cursor else (None, None)
+    after = read_cursor(cursor) if cursor else (None, None)
     contains = metadata_filter(metadata) if metadata is not None else None
     rows = await pool.fetch(Q["memories.list"], principal.tenant_id, reader.user_id,
                             reader.agent_id,
                             type or None,
-                            valid_only, after[0], after[1], limit + 1, contains)
+                            valid_only, after[0], after[1], limit + 1, contains,
+                            include_expired, layer or None)
     more = len(rows) > limit
     rows = rows[:limit]
     return MemoriesPage(data=[public(r) for r in rows],
-                        next_cursor=_cursor(rows[-1]) if more else None)
+                        next_cursor=cursor_of(rows[-1]) if more else None)
 
 
 @router.get("/v1/memories/{memory_id}", response_model=MemoryPublic)
@@ -210,7 +221,7 @@ async def update_memory(memory_id: uuid.UUID, body: MemoryUpdate, principal: Cur
     change = Change(content=body.content, type=body.type, confidence=body.confidence,
                     source=body.source, metadata=body.metadata,
                     hints=tuple(body.hints) if body.hints is not None else None,
-                    pinned=body.pinned, observed_at=body.observed_at)
+                    pinned=body.pinned, observed_at=body.observed_at, layer=body.layer)
     if body.content is not None:  # new content: its bytes, and a job to embed it
         await quotas.check(pool, principal.tenant_id, bytes=len(body.content.encode()), jobs=1,
                            settings=settings)

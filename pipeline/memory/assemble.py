@@ -1,6 +1,7 @@
 """`POST /v1/context`: what an agent should see now, within a token budget. Gathers the
-reader's pinned memories, the memories and past turns most relevant to the query, the
-session's summary and its latest turns, and packs them (pipeline/memory/context.py)."""
+user's profile and working memory, the reader's pinned memories, the memories and past turns
+most relevant to the query, the session's summary and its latest turns, and packs them
+(pipeline/memory/context.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import asyncpg
 
 from pipeline.db import Q
 from pipeline.errors import BadInput, NotFound
-from pipeline.memory import recall
+from pipeline.memory import profile, recall, working
 from pipeline.memory.context import MemoryLine, PackedContext, TurnLine, pack_context
 from pipeline.memory.scopes import Scope
 from pipeline.providers.embeddings import QueryCache
@@ -24,6 +25,10 @@ MAX_PINNED = 50
 CANDIDATES = 60
 # The default query: the session's latest user turns.
 QUERY_TURNS = 2
+# What consolidation's session observations are written by (pipeline/memory/upkeep/steps.py),
+# and how many more rows the search is asked for, so that they need not displace others.
+OBSERVATION_SOURCE = "consolidation"
+OBSERVATIONS = 10
 
 
 @dataclass(frozen=True)
@@ -74,19 +79,39 @@ async def build(pool: asyncpg.Pool, search_pool: asyncpg.Pool, queries: QueryCac
     pinned = await pool.fetch(Q["memories.pinned"], tenant_id, reader.user_id, reader.agent_id,
                               MAX_PINNED)
     memories: list[MemoryLine] = []
+    observations: list[MemoryLine] = []
     turns: list[TurnLine] = []
     if query:
         found = await recall.search(search_pool, queries, settings, tenant_id=tenant_id,
                                     params=recall.RecallQuery(
                                         query=query[:recall.MAX_QUERY_CHARS], reader=reader,
-                                        limit=CANDIDATES, events=True))
+                                        limit=CANDIDATES + OBSERVATIONS, events=True))
         pinned_ids = {str(r["id"]) for r in pinned}
+        # Observations are set aside, and do not take the places of the memories and turns
+        # that say what they restate: the candidates are the first CANDIDATES others.
+        taken = 0
         for hit in found.results:
+            if hit["kind"] == "memory" and hit["source"] == OBSERVATION_SOURCE:
+                observations.append(_memory(hit, pinned=False))
+                continue
+            if taken == CANDIDATES:
+                continue
+            taken += 1
             if hit["kind"] == "memory" and hit["id"] not in pinned_ids:
                 memories.append(_memory(hit, pinned=False))
             elif hit["kind"] == "event":
                 turns.append(_turn(hit))
+    about: list[tuple[str, str]] = []
+    scratch = None
+    if reader.user_id is not None:
+        rows = await profile.topics(pool, tenant_id, reader.user_id, profile.CONTEXT_TOPICS)
+        about = [(r["topic"], line)
+                 for r, line in zip(rows, profile.context_lines(rows), strict=True)]
+        pad = await working.read(pool, tenant_id, reader.user_id, ask.session_id)
+        if pad.content:
+            scratch = ("session" if pad.session_id else "user", pad.content)
     return pack_context(
         pinned=[_memory(r, pinned=True) for r in pinned], memories=memories, summary=summary,
         relevant_turns=turns, recent_turns=[_turn(r) for r in recent],
-        max_tokens=ask.max_tokens, keep_recent=KEEP_RECENT, session_id=ask.session_id)
+        max_tokens=ask.max_tokens, keep_recent=KEEP_RECENT, session_id=ask.session_id,
+        profile=about, working_memory=scratch, observations=observations)

@@ -10,7 +10,7 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -21,7 +21,8 @@ from pipeline.db import Q
 from pipeline.errors import BadInput, Conflict, NotFound
 from pipeline.items import content_hash
 from pipeline.jobs import JobRef, JobSpec
-from pipeline.memory import operations
+from pipeline.memory import operations, policy
+from pipeline.memory.policy import Policy, default_layer
 from pipeline.memory.scopes import Scope, Visibility, visibility_for
 from pipeline.settings import Settings
 
@@ -56,6 +57,8 @@ class NewMemory:
     # the end of its validity, for a memory known to hold only until then.
     id: uuid.UUID | None = None
     valid_until: datetime | None = None
+    # How long it lives (pipeline/memory/policy.py); None: as its type and pinning say.
+    layer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class Change:
     hints: tuple[str, ...] | None = None
     pinned: bool | None = None
     observed_at: datetime | None = None
+    layer: str | None = None
 
 
 async def known_types(conn: asyncpg.Connection | asyncpg.Pool, tenant_id: int) -> list[str]:
@@ -88,16 +92,19 @@ def source_events_json(pairs: Sequence[tuple[str, str]]) -> list[dict[str, str]]
 
 
 async def insert(conn: asyncpg.Connection, *, tenant_id: int, scope: Scope,
-                 visibility: Visibility, memory: NewMemory, author: Author,
+                 visibility: Visibility, memory: NewMemory, author: Author, rules: Policy,
                  embedding: np.ndarray | None = None, model: str | None = None,
                  reason: str | None = None) -> asyncpg.Record:
-    """A memory and the first row of its history, in the caller's transaction."""
+    """A memory and the first row of its history, in the caller's transaction. Its layer is
+    the one asked for or the default for its type, and its expiry follows from the layer."""
+    layer = memory.layer or default_layer(memory.type, memory.pinned)
     row = await conn.fetchrow(
         Q["memories.insert"], tenant_id, scope.user_id, scope.agent_id, memory.session_id,
         visibility, memory.type, memory.content, memory.confidence, memory.source,
         memory.metadata, list(memory.hints), memory.pinned, memory.observed_at,
         source_events_json(memory.source_events), content_hash(memory.content), embedding,
-        model if embedding is not None else None, memory.id, memory.valid_until)
+        model if embedding is not None else None, memory.id, memory.valid_until, layer,
+        _days(rules.lifetime(layer), memory.pinned))
     if row is None:
         raise Conflict(f"memory_id: a memory {memory.id} exists already "
                        "(ids are unique in a tenant)")
@@ -113,7 +120,7 @@ async def add(conn: asyncpg.Connection, *, tenant_id: int, scope: Scope,
     await check_type(conn, tenant_id, memory.type)
     row = await insert(conn, tenant_id=tenant_id, scope=scope,
                        visibility=visibility_for(scope, visibility), memory=memory,
-                       author=author)
+                       author=author, rules=await policy.load(conn, tenant_id, settings))
     op, refs = await embed_later(conn, tenant_id, [row["id"]], author, settings)
     refs += await webhooks.emit(conn, tenant_id, "memory.added", webhooks.memory_data(row))
     return row, op, refs
@@ -178,10 +185,17 @@ async def update(conn: asyncpg.Connection, *, tenant_id: int, memory_id: uuid.UU
     if not changed:
         return row, None, []
     digest = content_hash(change.content) if "content" in changed else None
+    # A new layer, or pinning, moves the expiry: from when the memory was written.
+    lifetime = None
+    if "layer" in changed or "pinned" in changed:
+        rules = await policy.load(conn, tenant_id, settings)
+        lifetime = _days(rules.lifetime(changed.get("layer", row["layer"])),
+                         changed.get("pinned", row["pinned"]))
     new = await conn.fetchrow(
         Q["memories.update"], tenant_id, memory_id, changed.get("content"), changed.get("type"),
         changed.get("confidence"), changed.get("source"), changed.get("metadata"),
-        changed.get("hints"), changed.get("pinned"), changed.get("observed_at"), digest)
+        changed.get("hints"), changed.get("pinned"), changed.get("observed_at"), digest,
+        changed.get("layer"), "layer" in changed or "pinned" in changed, lifetime)
     assert new is not None
     shown = {k: _json_safe(v) for k, v in changed.items() if k != "content"}
     await write_history(conn, tenant_id, new, "update", author, row["content"], new["content"],
@@ -192,6 +206,10 @@ async def update(conn: asyncpg.Connection, *, tenant_id: int, memory_id: uuid.UU
         return new, None, notices
     op, refs = await embed_later(conn, tenant_id, [memory_id], author, settings)
     return new, op, refs + notices
+
+
+def _days(lifetime: timedelta | None, pinned: bool) -> float | None:
+    return None if lifetime is None or pinned else lifetime.total_seconds() / 86400
 
 
 def _json_safe(value: Any) -> Any:
@@ -209,6 +227,9 @@ async def invalidate(conn: asyncpg.Connection, *, tenant_id: int, memory_id: uui
                               reason, superseded_by)
     assert new is not None
     operation = "supersede" if superseded_by else "invalidate"
+    if superseded_by is not None:
+        await conn.execute(Q["relations.insert"], tenant_id, superseded_by, "supersedes",
+                           memory_id, None, author.operation_id)
     changes = {"valid_until": new["valid_until"].isoformat()}
     if superseded_by:
         changes["superseded_by"] = str(superseded_by)

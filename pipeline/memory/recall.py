@@ -60,6 +60,7 @@ class RecallQuery:
     after: datetime | None = None
     before: datetime | None = None
     metadata: dict[str, Any] | None = None  # JSON a row's metadata must contain
+    include_expired: bool = False  # memories past their layer's lifetime, not yet pruned
 
 
 @dataclass
@@ -112,7 +113,7 @@ async def search(pool: asyncpg.Pool, queries: QueryCache, settings: Settings, *,
         params.before, ALPHA if mode == "hybrid" else 0.0,
         reindex.model_key(settings), mode == "hybrid", query_words(text), PEOPLE_LIFT,
         SESSION_SHARE, params.limit, params.offset, *query_times(text), TIME_LIFT, MAX_WORDS,
-        params.metadata)
+        params.metadata, params.include_expired)
     timings["sql"] = (time.perf_counter() - started) * 1000
     return RecallOutcome([result(r) for r in rows], mode, warnings, timings)
 
@@ -128,7 +129,7 @@ def result(row: asyncpg.Record) -> dict[str, Any]:
                 "valid_until": row["valid_until"], "version": row["version"],
                 "pinned": row["pinned"], "created_at": row["memory_created_at"],
                 "source_events": row["source_events"], "metadata": row["metadata"],
-                "scores": scores}
+                "layer": row["layer"], "source": row["source"], "scores": scores}
     return {"kind": "event", "id": row["id"], "score": float(row["score"]),
             "session_id": row["session_id"], "event_id": row["event_id"], "role": row["role"],
             "sender_name": row["sender_name"], "content": row["event_content"],

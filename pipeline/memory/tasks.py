@@ -15,7 +15,7 @@ from pipeline import jobs, reindex, webhooks
 from pipeline.db import Q
 from pipeline.errors import PermanentError
 from pipeline.jobs import JobRef
-from pipeline.memory import memories
+from pipeline.memory import inbox, memories, policy, profile
 from pipeline.memory.extraction.model import Decision, Proposal, Similar, Turn
 from pipeline.memory.memories import Author, NewMemory
 from pipeline.memory.scopes import Scope
@@ -128,8 +128,15 @@ async def extract(job: asyncpg.Record, deps: Deps) -> Writer:
     decider = get_decider(deps.settings)
     scope = Scope(session["user_id"], session["agent_id"])
     summary = await _summary(deps, tenant_id, session_id) if rows else None
+    # Only a user has a profile (an agent's own session has none).
+    findings = profile.detect(turns, session_id, None) if session["user_id"] else []
     planned: list[tuple[Proposal, Any, Decision, list[asyncpg.Record]]] = []
+    # Proposals extraction is not sure of wait in the inbox (pipeline/memory/inbox.py).
+    doubtful = [(p, v) for p, v in zip(proposals, vectors, strict=True)
+                if inbox.waits(p, deps.settings)]
     for proposal, vector in zip(proposals, vectors, strict=True):
+        if inbox.waits(proposal, deps.settings):
+            continue
         found = await deps.pool.fetch(
             Q["memories.similar"], tenant_id, scope.user_id, scope.agent_id,
             session["visibility"], key, vector, SIMILAR_SHOWN)
@@ -147,8 +154,8 @@ async def extract(job: asyncpg.Record, deps: Deps) -> Writer:
         op = await conn.fetchval(Q["operations.of_job"], job["id"])
         author = Author(None, None, op)
         follow_ups: list[JobRef] = []
-        counts = {"events": len(rows), "proposals": len(planned), "ADD": 0, "UPDATE": 0,
-                  "SUPERSEDE": 0, "NOOP_DUPLICATE": 0}
+        counts = {"events": len(rows), "proposals": len(planned) + len(doubtful), "ADD": 0,
+                  "UPDATE": 0, "SUPERSEDE": 0, "NOOP_DUPLICATE": 0}
         for position, (proposal, vector, decision, found) in enumerate(planned):
             record, refs = await _apply(conn, deps, tenant_id, session, scope, proposal,
                                         vector, key, decision, found, author)
@@ -160,6 +167,14 @@ async def extract(job: asyncpg.Record, deps: Deps) -> Writer:
         if rows:
             await conn.execute(Q["extract.advance"], tenant_id, session_id, rows[-1]["seq"],
                                summary)
+        if findings:
+            counts["profile_topics"] = await profile.record(conn, tenant_id,
+                                                            session["user_id"], findings)
+        for proposal, vector in doubtful:
+            await inbox.hear(conn, tenant_id=tenant_id, session=session, proposal=proposal,
+                             vector=vector, model=key, settings=deps.settings)
+        if doubtful:
+            counts["inbox"] = len(doubtful)
         if len(rows) == EXTRACT_BATCH:
             return follow_ups + await _handover(conn, job, deps, 0.0,
                                                 {"session_id": session_id, "now": True})
@@ -200,8 +215,10 @@ async def _apply(conn: asyncpg.Connection, deps: Deps, tenant_id: int, session: 
                     source="extraction", hints=proposal.hints, observed_at=proposal.observed_at,
                     session_id=session["id"], source_events=proposal.source_events)
     if action in ("ADD", "SUPERSEDE"):
+        rules = await policy.load(conn, tenant_id, deps.settings)
         row = await memories.insert(conn, tenant_id=tenant_id, scope=scope,
                                     visibility=session["visibility"], memory=new, author=author,
+                                    rules=rules,
                                     embedding=vector if decision.content == proposal.content
                                     else None, model=key, reason=reason)
         memory_id = row["id"]

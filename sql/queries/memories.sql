@@ -2,12 +2,14 @@
 -- and pass every row through scope_visible().
 
 -- $18 is the caller's id (NULL: a new one); an id the tenant holds already returns no row.
+-- $20 is its layer and $21 the layer's lifetime in days (NULL: permanent).
 -- name: insert
 INSERT INTO memories (tenant_id, user_id, agent_id, session_id, visibility, type, content,
                       confidence, source, metadata, hints, pinned, observed_at, source_events,
-                      content_hash, embedding, embedding_model, id, valid_until)
+                      content_hash, embedding, embedding_model, id, valid_until, layer, expires_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-        coalesce($18::uuid, gen_random_uuid()), $19)
+        coalesce($18::uuid, gen_random_uuid()), $19, $20,
+        now() + $21::float8 * interval '1 day')
 ON CONFLICT (tenant_id, id) DO NOTHING
 RETURNING *;
 
@@ -28,9 +30,11 @@ WHERE m.tenant_id = $1 AND m.id = $2
 FOR UPDATE;
 
 -- Sets only what changed (NULL keeps a field); the embedding goes when the content changes.
+-- With $13, the expiry is set again: $14 days from when the memory was written (NULL: never).
 -- name: update
 UPDATE memories
-SET content = coalesce($3, content), type = coalesce($4, type),
+SET content = coalesce($3, content), type = coalesce($4, type), layer = coalesce($12, layer),
+    expires_at = CASE WHEN $13 THEN created_at + $14::float8 * interval '1 day' ELSE expires_at END,
     confidence = coalesce($5, confidence), source = coalesce($6, source),
     metadata = coalesce($7, metadata), hints = coalesce($8, hints),
     pinned = coalesce($9, pinned), observed_at = coalesce($10, observed_at),
@@ -65,6 +69,8 @@ WHERE m.tenant_id = $1 AND scope_visible(m.visibility, m.user_id, m.agent_id, $2
   AND (NOT $5 OR m.valid_until IS NULL OR m.valid_until > now())
   AND ($6::timestamptz IS NULL OR (m.created_at, m.id) < ($6, $7::uuid))
   AND ($9::jsonb IS NULL OR m.metadata @> $9)
+  AND ($10 OR m.expires_at IS NULL OR m.expires_at > now())
+  AND ($11::text[] IS NULL OR m.layer = ANY ($11))
 ORDER BY m.created_at DESC, m.id DESC
 LIMIT $8;
 
@@ -72,6 +78,7 @@ LIMIT $8;
 SELECT m.* FROM memories m
 WHERE m.tenant_id = $1 AND m.pinned AND scope_visible(m.visibility, m.user_id, m.agent_id, $2, $3)
   AND (m.valid_until IS NULL OR m.valid_until > now())
+  AND (m.expires_at IS NULL OR m.expires_at > now())
 ORDER BY m.created_at
 LIMIT $4;
 
@@ -91,6 +98,7 @@ FROM memories m
 WHERE m.tenant_id = $1 AND m.user_id IS NOT DISTINCT FROM $2
   AND m.agent_id IS NOT DISTINCT FROM $3 AND m.visibility = $4
   AND (m.valid_until IS NULL OR m.valid_until > now())
+  AND (m.expires_at IS NULL OR m.expires_at > now())
   AND m.embedding_model = $5
 ORDER BY m.embedding <=> $6
 LIMIT $7;

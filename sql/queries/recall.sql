@@ -16,7 +16,7 @@
 -- $13 after, $14 before, $15 alpha, $16 embedder key, $17 use vectors, $18 the query's words (words_of, with a space
 -- on either side), $19 people lift, $20 session share, $21 limit, $22 offset, $23 months the
 -- query names, $24 years it names, $25 time lift, $26 most words weighed, $27 JSON the rows'
--- metadata must contain (jsonb @>; NULL: any).
+-- metadata must contain (jsonb @>; NULL: any), $28 expired memories too.
 -- name: search
 -- The query's first $26 distinct words: counting a word's rows costs a pass over the reader's
 -- rows, and a long query (a context's default, two turns) would pay for every word of it.
@@ -43,6 +43,7 @@ mem AS MATERIALIZED (
       AND ($13::timestamptz IS NULL OR coalesce(m.observed_at, m.created_at) >= $13)
       AND ($14::timestamptz IS NULL OR coalesce(m.observed_at, m.created_at) < $14)
       AND ($27::jsonb IS NULL OR m.metadata @> $27)
+      AND ($28 OR m.expires_at IS NULL OR m.expires_at > now())
 ),
 ev AS MATERIALIZED (
     SELECT 'event'::text AS kind, e.session_id || '/' || e.event_id AS id, NULL::uuid AS mid,
@@ -124,7 +125,7 @@ page AS (
 SELECT p.kind, p.id, p.score, p.relevance, p.vector_score, p.fts_score, p.names_person,
        p.names_time,
        m.id AS memory_id, m.type, m.content AS memory_content, m.confidence, m.observed_at,
-       m.valid_until, m.source_events, m.version, m.user_id AS memory_user,
+       m.valid_until, m.source_events, m.version, m.layer, m.source, m.user_id AS memory_user,
        m.agent_id AS memory_agent, m.visibility AS memory_visibility, m.pinned,
        m.created_at AS memory_created_at, coalesce(m.metadata, e.metadata) AS metadata,
        e.session_id, e.event_id, e.role, e.sender_name, e.content AS event_content,
