@@ -190,10 +190,13 @@ WHERE m.tenant_id = $1 AND m.id = c.id AND m.version = c.version
 RETURNING m.id, m.version, m.content;
 
 -- Uses are counted from here on: the next decay reinforces only on new ones.
+-- Only the memories decay reads (a permanent one's uses were a write of a row a run never
+-- looks at again: at 1M memories, 45k rows and most of a gigabyte of WAL).
 -- name: decay_seen
 UPDATE memories SET accesses_seen = access_count
 WHERE tenant_id = $1 AND ($2::text IS NULL OR user_id = $2) AND ($3::text IS NULL OR agent_id = $3)
-  AND accesses_seen <> access_count;
+  AND accesses_seen <> access_count
+  AND NOT pinned AND layer NOT IN ('pinned', 'observation', 'profile');
 
 -- name: history_many
 INSERT INTO memory_history (tenant_id, memory_id, version, operation, operation_id,

@@ -35,6 +35,13 @@ def unit_rows(vectors: Sequence[Any]) -> np.ndarray:
     return matrix / np.where(norms == 0, 1, norms)
 
 
+def scope_pairs(vectors: Sequence[Any], low: float, high: float = 1.01,
+                per_row: int | None = None) -> list[Pair]:
+    """`pairs` of a scope's vectors. Steps run it in a thread: a large scope takes seconds of
+    CPU, which on the event loop would hold back the worker's other jobs and its leases."""
+    return pairs(unit_rows(vectors), low, high, per_row)
+
+
 def pairs(matrix: np.ndarray, low: float, high: float = 1.01,
           per_row: int | None = None) -> list[Pair]:
     """Every pair of rows with `low` <= cosine < `high`, best first. With `per_row`, each row

@@ -9,6 +9,7 @@ meanwhile is left alone and counted (`skipped_changed`)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -258,10 +259,11 @@ async def plan_merges(deps: Deps, run: Run) -> tuple[list[Merge], dict[str, int]
         counts["compared"] += len(group)
         if len(group) < 2:
             continue
-        matrix = similar.unit_rows([r["embedding"] for r in group])
+        found = await asyncio.to_thread(similar.scope_pairs, [r["embedding"] for r in group],
+                                        run.merge_similarity)
         gone: set[int] = set()
         kept: set[int] = set()
-        for pair in similar.pairs(matrix, run.merge_similarity):
+        for pair in found:
             if pair.a in gone or pair.b in gone:
                 continue
             if similar.different_subjects(group[pair.a]["content"], group[pair.b]["content"]):
@@ -415,9 +417,10 @@ async def link(job: asyncpg.Record, deps: Deps) -> Writer:
         compared += len(group)
         if len(group) < 2:
             continue
-        matrix = similar.unit_rows([r["embedding"] for r in group])
-        for pair in similar.pairs(matrix, run.link_similarity, run.merge_similarity,
-                                  per_row=deps.settings.memory_links_per_memory):
+        found = await asyncio.to_thread(similar.scope_pairs, [r["embedding"] for r in group],
+                                        run.link_similarity, run.merge_similarity,
+                                        deps.settings.memory_links_per_memory)
+        for pair in found:
             older, newer = sorted((group[pair.a], group[pair.b]), key=lambda r: r["created_at"])
             links.append((older, newer, pair.similarity))
     ids = list({r["id"] for a, b, _ in links for r in (a, b)})
